@@ -1,0 +1,1 @@
+"""Backends: one module each. ``memory`` ships for tests and examples."""

@@ -1,0 +1,123 @@
+"""``InMemoryTracker``: an ``AsyncTrackerBase`` that keeps everything in process memory.
+
+For tests and examples: it stores exactly what a real backend would, so code under test can
+assert on what it recorded::
+
+    mem = InMemoryTracker()
+    with AppRun("r", [mem]) as run:
+        run.log_metric("loss", 0.5, step=1)
+    assert mem.points("r", "loss")[0].value == 0.5
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from async_tracker.base import AsyncTrackerBase
+from async_tracker.records import (
+    Batch,
+    Lineage,
+    TrackerArtifact,
+    TrackerMetric,
+    TrackerSource,
+    sort_points,
+)
+
+
+@dataclass
+class _Run:
+    metadata: dict[str, object] = field(default_factory=dict)
+    artifacts: dict[str, TrackerArtifact] = field(default_factory=dict)
+    sources: list[TrackerSource] = field(default_factory=list)
+    metrics: dict[str, dict[tuple[int, float], TrackerMetric]] = field(default_factory=dict)
+
+
+class InMemoryTracker(AsyncTrackerBase):
+    """Runs kept in a dict. Metric points are keyed by (step, timestamp), so writing the same
+    point twice (a retry) stores it once, as real backends do."""
+
+    def __init__(self, name: str | None = None) -> None:
+        self.name = name
+        self.runs: dict[str, _Run] = {}
+        self.batches_written = 0
+
+    def _run(self, run_id: str) -> _Run:
+        return self.runs.setdefault(run_id, _Run())
+
+    async def add_artifact(
+        self, run_id: str, name: str, path: str, metadata: Mapping[str, object] | None = None
+    ) -> None:
+        self._run(run_id).artifacts[name] = TrackerArtifact(
+            name, path, dict(metadata) if metadata is not None else None
+        )
+
+    async def artifacts(self, run_id: str) -> Mapping[str, TrackerArtifact]:
+        run = self.runs.get(run_id)
+        return dict(run.artifacts) if run else {}
+
+    async def add_metadata(self, run_id: str, **kwargs: object) -> None:
+        self._run(run_id).metadata.update(kwargs)
+
+    async def metadata(self, run_id: str) -> Mapping[str, object]:
+        run = self.runs.get(run_id)
+        return dict(run.metadata) if run else {}
+
+    async def add_source(
+        self, run_id: str, source_id: str, artifact_name: str | None = None
+    ) -> None:
+        sources = self._run(run_id).sources
+        src = TrackerSource(source_id, artifact_name)
+        if src not in sources:
+            sources.append(src)
+
+    async def sources(
+        self, run_id: str, artifact_name: str | None = None
+    ) -> Iterable[TrackerSource]:
+        run = self.runs.get(run_id)
+        if run is None:
+            return []
+        return [s for s in run.sources if artifact_name is None or s.artifact_name == artifact_name]
+
+    async def lineage(self, run_id: str) -> Lineage:
+        parents = list(await self.sources(run_id))
+        descendants = [
+            TrackerSource(child, s.artifact_name)
+            for child, run in self.runs.items()
+            for s in run.sources
+            if s.source_run_id == run_id
+        ]
+        return Lineage(run_id, parents, descendants)
+
+    async def run_ids(self, **kwargs: str) -> Iterable[str]:
+        parent = kwargs.get("parent_run_id")
+        return [
+            rid
+            for rid, run in self.runs.items()
+            if parent is None or any(s.source_run_id == parent for s in run.sources)
+        ]
+
+    async def add_metrics(self, run_id: str, metrics: Sequence[TrackerMetric]) -> None:
+        store = self._run(run_id).metrics
+        for m in metrics:
+            store.setdefault(m.name, {})[(m.step, m.timestamp)] = m
+
+    async def metrics(self, run_id: str) -> Mapping[str, Sequence[TrackerMetric]]:
+        run = self.runs.get(run_id)
+        if run is None:
+            return {}
+        return {name: sort_points(list(pts.values())) for name, pts in run.metrics.items()}
+
+    async def write_batch(self, run_id: str, batch: Batch) -> None:
+        await super().write_batch(run_id, batch)
+        self.batches_written += 1
+
+    # Sync conveniences for assertions in tests (no I/O is involved).
+    def points(self, run_id: str, name: str) -> list[TrackerMetric]:
+        run = self.runs.get(run_id)
+        if run is None or name not in run.metrics:
+            return []
+        return sort_points(list(run.metrics[name].values()))
+
+    def __repr__(self) -> str:
+        return f"InMemoryTracker(runs={len(self.runs)})"

@@ -1,0 +1,369 @@
+"""The flusher and its lanes: from the buffer to the backends, on the tracker loop.
+
+* :class:`Flusher`: one per process. Every ``DEFAULT_WAKE_INTERVAL_S`` it looks at each run's
+  buffer and cuts batches when ``batch_size`` records wait or ``flush_interval`` has passed.
+* :class:`RunFlusher`: one per ``AppRun``. Drains its buffer, coalesces records into
+  :class:`~async_tracker.records.Batch` objects and hands a copy of each to every lane.
+* :class:`Lane`: one per backend of a run. Delivers batches in order with its own retries,
+  health and counters, so a slow or failing backend never delays another.
+
+Everything here runs on the tracker loop thread, so the objects need no locks; the caller's
+threads only read counters (``status()``), which may be a moment stale but never torn.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import threading
+import time
+from collections import deque
+from collections.abc import Sequence
+
+import anyio
+import anyio.abc
+
+from async_tracker.base import AsyncTrackerBase
+from async_tracker.buffer import ARTIFACT, METADATA, Buffer, Record
+from async_tracker.errors import is_transient
+from async_tracker.loop import TrackerLoop, get_loop
+from async_tracker.records import Batch, TrackerArtifact, TrackerMetric, TrackerSource
+from async_tracker.report import BackendStatus, FlushReport, TrackerStatus
+from async_tracker.retry import RetryPolicy, retry_call
+from async_tracker.settings import DEFAULT_WAKE_INTERVAL_S, RunOptions
+
+logger = logging.getLogger(__name__)
+
+_new_metric = tuple.__new__  # builds a TrackerMetric from a tuple without its Python __new__
+
+
+def coalesce(records: Sequence[Record], seq: int, last_step: dict[str, int]) -> Batch:
+    """One batch from records in call order: metadata merged (the last write of a key wins),
+    an artifact name kept at its last write, a source kept once, metric steps resolved.
+
+    A metric logged without a step gets the previous step of that metric plus one (0 for
+    its first point); ``last_step`` carries that across batches.
+    """
+    batch = Batch(seq, records=len(records))
+    metadata = batch.metadata
+    artifacts = batch.artifacts
+    metrics = batch.metrics
+    seen_sources: set[tuple[str, str | None]] = set()
+    for rec in records:
+        if len(rec) == 4:
+            name, _, step, _ = rec
+            if step is None:
+                step = last_step.get(name, -1) + 1
+                rec = (name, rec[1], step, rec[3])
+            last_step[name] = step
+            metrics.append(_new_metric(TrackerMetric, rec))
+            continue
+        kind, payload = rec
+        if kind is METADATA:
+            metadata.update(payload)
+        elif kind is ARTIFACT:
+            art: TrackerArtifact = payload
+            artifacts.pop(art.name, None)  # keep the order of last writes
+            artifacts[art.name] = art
+        else:
+            src: TrackerSource = payload
+            key = (src.source_run_id, src.artifact_name)
+            if key not in seen_sources:
+                seen_sources.add(key)
+                batch.sources.append(src)
+    return batch
+
+
+class Lane:
+    """Ordered delivery of one run's batches to one backend."""
+
+    def __init__(
+        self, run_id: str, name: str, backend: AsyncTrackerBase, policy: RetryPolicy
+    ) -> None:
+        self.run_id = run_id
+        self.name = name
+        self.backend = backend
+        self.policy = policy
+        self.takes_metrics = backend.supports_metrics
+        self.queue: deque[tuple[Batch, float]] = deque()  # (batch, monotonic time queued)
+        self.in_flight = 0  # records queued or being written
+        self.delivered = 0
+        self.dropped = 0
+        self.retries = 0
+        self.last_error: str | None = None
+        self.healthy = True
+        # Parked: the retry budget ran out on the head batch; the lane waits for its cooldown
+        # or a kick from flush()/close() before trying again.
+        self.parked = False
+        self._bound = False
+
+    def bind(self) -> None:
+        """Creates the lane's anyio objects; they belong to the loop, so this runs on it
+        (lanes are built on the caller's thread, before the loop first sees them)."""
+        if not self._bound:
+            self._work = anyio.Event()
+            self._kick = anyio.Event()
+            self._progress = anyio.Event()
+            self._scope = anyio.CancelScope()
+            self._bound = True
+
+    # -- called on the loop by RunFlusher ---------------------------------------------------
+    def put(self, batch: Batch) -> None:
+        self.bind()
+        mine = batch.for_lane()
+        if not self.takes_metrics and mine.metrics:
+            mine.records -= len(mine.metrics)
+            mine.metrics = []
+        if mine.is_empty():
+            return
+        self.queue.append((mine, time.monotonic()))
+        self.in_flight += mine.records
+        self._work.set()
+
+    def kick(self) -> None:
+        """Retry a parked batch now (flush and close want their answer now, not later)."""
+        self.bind()
+        if self.parked:
+            self.parked = False
+            self._kick.set()
+
+    def settled(self) -> bool:
+        return not self.queue or self.parked
+
+    async def wait_progress(self) -> None:
+        self.bind()
+        await self._progress.wait()
+
+    def abandon(self) -> None:
+        """Stops the lane for good; a write hung in a worker thread is left behind."""
+        self.bind()
+        self._scope.cancel()
+
+    def status(self, buffered: int) -> BackendStatus:
+        try:
+            lag = time.monotonic() - self.queue[0][1]
+        except IndexError:  # empty, or emptied by the loop while we looked
+            lag = 0.0
+        return BackendStatus(
+            name=self.name,
+            buffered=buffered,
+            in_flight=self.in_flight,
+            spooled=0,
+            delivered=self.delivered,
+            dropped=self.dropped,
+            retries=self.retries,
+            last_error=self.last_error,
+            lag_s=lag,
+            healthy=self.healthy,
+        )
+
+    # -- the lane's task -----------------------------------------------------------------------
+    def _signal_progress(self) -> None:
+        self._progress.set()
+        self._progress = anyio.Event()
+
+    def _on_retry(self, exc: BaseException) -> None:
+        self.retries += 1
+        self.last_error = _describe(exc)
+
+    async def run(self) -> None:
+        self.bind()
+        with self._scope:
+            while True:
+                if not self.queue:
+                    self._signal_progress()
+                    await self._work.wait()
+                    self._work = anyio.Event()
+                    continue
+                batch, _ = self.queue[0]
+                try:
+                    await retry_call(
+                        self.policy, self._on_retry, self.backend.write_batch, self.run_id, batch
+                    )
+                except Exception as exc:
+                    self.last_error = _describe(exc)
+                    self.healthy = False
+                    if is_transient(exc):
+                        await self._park()
+                        continue
+                    # Permanent: retrying cannot help, and holding the batch would block
+                    # everything behind it. Count it and say so, loudly, once per batch.
+                    logger.error(
+                        "async_tracker: backend %s refused %d records of run %r for good: %s",
+                        self.name, batch.records, self.run_id, self.last_error,
+                    )
+                    self._finish(batch, delivered=False)
+                    continue
+                self.healthy = True
+                self._finish(batch, delivered=True)
+
+    def _finish(self, batch: Batch, delivered: bool) -> None:
+        self.queue.popleft()
+        self.in_flight -= batch.records
+        if delivered:
+            self.delivered += batch.records
+        else:
+            self.dropped += batch.records
+        self._signal_progress()
+
+    async def _park(self) -> None:
+        logger.warning(
+            "async_tracker: backend %s of run %r is failing (%s); retrying in %.1f s",
+            self.name, self.run_id, self.last_error, self.policy.cooldown_s,
+        )
+        self.parked = True
+        self._signal_progress()
+        with anyio.move_on_after(self.policy.cooldown_s):
+            await self._kick.wait()
+        self._kick = anyio.Event()
+        self.parked = False
+
+
+def _describe(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}"
+
+
+class RunFlusher:
+    """The loop-side state of one run: its buffer, lanes and batch numbering."""
+
+    def __init__(
+        self,
+        run_id: str,
+        buffer: Buffer,
+        backends: Sequence[tuple[str, AsyncTrackerBase]],
+        options: RunOptions,
+        owns_backends: bool,
+    ) -> None:
+        self.run_id = run_id
+        self.buffer = buffer
+        self.options = options
+        self.owns_backends = owns_backends
+        self.lanes = [Lane(run_id, name, b, options.retry) for name, b in backends]
+        self.seq = 0
+        self.last_step: dict[str, int] = {}
+        self.last_cut = time.monotonic()
+        self.closed = False
+
+    def due(self, now: float) -> bool:
+        n = len(self.buffer)
+        return n >= self.options.batch_size or (
+            n > 0 and now - self.last_cut >= self.options.flush_interval
+        )
+
+    def cut(self) -> None:
+        """Moves everything buffered now into batches of at most ``batch_size`` records."""
+        self.last_cut = time.monotonic()
+        pending = len(self.buffer)
+        while pending > 0:
+            records = self.buffer.drain(min(pending, self.options.batch_size))
+            pending -= len(records)
+            batch = coalesce(records, self.seq, self.last_step)
+            self.seq += 1
+            for lane in self.lanes:
+                lane.put(batch)
+
+    async def _settle(self, lanes: Sequence[Lane]) -> None:
+        for lane in lanes:
+            lane.kick()
+        for lane in lanes:
+            while not lane.settled():
+                await lane.wait_progress()
+
+    async def flush(self, timeout: float | None = None, lanes: Sequence[Lane] | None = None) -> FlushReport:
+        """Cuts what is buffered and waits until each lane has delivered it or given up."""
+        self.cut()
+        with anyio.move_on_after(math.inf if timeout is None else timeout) as scope:
+            await self._settle(self.lanes if lanes is None else lanes)
+        return FlushReport.from_status(self.status(), timed_out=scope.cancelled_caught)
+
+    async def close(self, timeout: float) -> FlushReport:
+        """Flushes within ``timeout``, then stops the lanes whatever they are doing."""
+        deadline = anyio.current_time() + timeout
+        self.closed = True
+        report = await self.flush(timeout)
+        for lane in self.lanes:
+            lane.abandon()
+        if self.owns_backends:
+            # Shielded: close() may itself be cancelled, and a backend left half-closed (an
+            # MLflow run left RUNNING) is worse than waiting out the rest of our deadline.
+            with anyio.move_on_after(max(0.0, deadline - anyio.current_time()), shield=True):
+                async with anyio.create_task_group() as tg:
+                    for lane in self.lanes:
+                        tg.start_soon(_aclose_quietly, lane)
+        return report
+
+    def status(self) -> TrackerStatus:
+        buffered = len(self.buffer)
+        return TrackerStatus(
+            run_id=self.run_id,
+            closed=self.closed,
+            backends={lane.name: lane.status(buffered) for lane in self.lanes},
+        )
+
+
+async def _aclose_quietly(lane: Lane) -> None:
+    try:
+        await lane.backend.aclose()
+    except Exception as exc:
+        lane.last_error = _describe(exc)
+        logger.warning("async_tracker: closing backend %s failed: %s", lane.name, lane.last_error)
+
+
+class Flusher:
+    """The process-wide ticker that cuts batches for every run on the tracker loop."""
+
+    def __init__(self, loop: TrackerLoop) -> None:
+        self.loop = loop
+        self.runs: set[RunFlusher] = set()
+        self._tg: anyio.abc.TaskGroup | None = None
+        ready = threading.Event()
+        loop.submit(self._serve, ready)
+        # Wait for the task group, so that add() never has to: submitted tasks then run in
+        # submission order, and a flush() submitted after add() finds the lanes registered.
+        if not loop.in_loop_thread():
+            ready.wait()
+
+    async def _serve(self, ready: threading.Event) -> None:
+        async with anyio.create_task_group() as tg:
+            self._tg = tg
+            ready.set()
+            while True:
+                await anyio.sleep(DEFAULT_WAKE_INTERVAL_S)
+                now = time.monotonic()
+                for run in list(self.runs):
+                    if run.closed:
+                        self.runs.discard(run)
+                    elif run.due(now):
+                        run.cut()
+
+    async def add(self, run: RunFlusher) -> None:
+        """Registers a run and starts its lanes (on the loop: lanes are tasks of ours)."""
+        while self._tg is None:  # only when created from the loop thread itself
+            await anyio.sleep(0)
+        self.runs.add(run)
+        for lane in run.lanes:
+            self._tg.start_soon(lane.run, name=f"async-tracker lane {lane.name}")
+
+
+
+_flusher: Flusher | None = None
+_flusher_lock = threading.Lock()
+
+
+def get_flusher() -> Flusher:
+    """The flusher of this process's tracker loop (a new one after a fork)."""
+    global _flusher
+    loop = get_loop()
+    with _flusher_lock:
+        if _flusher is None or _flusher.loop is not loop:
+            _flusher = Flusher(loop)
+        return _flusher
+
+
+def _after_fork_in_child() -> None:
+    global _flusher_lock
+    _flusher_lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)

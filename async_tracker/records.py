@@ -1,0 +1,202 @@
+"""What a run records: the torchx dataclasses, metrics, batches, and call-site validation.
+
+Validation lives here so that every entry point (``AppRun``, the sync adapters, backends
+called directly) rejects the same bad input with the same message, naming the key.
+"""
+
+from __future__ import annotations
+
+import math
+import operator
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+
+@dataclass
+class TrackerSource:
+    """A link from a run to a source it derives from (torchx's dataclass).
+
+    ``artifact_name`` names the kind of relationship, and filters ``sources()``.
+    """
+
+    source_run_id: str
+    artifact_name: str | None
+
+
+@dataclass
+class TrackerArtifact:
+    """A named artifact of a run: where it lives and what describes it (torchx's dataclass)."""
+
+    name: str
+    path: str
+    metadata: Mapping[str, object] | None
+
+
+class TrackerMetric(NamedTuple):
+    """One point of a metric curve.
+
+    ``timestamp`` is the client's wall-clock time in seconds when the point was logged:
+    backends store it as given, so a retried write never makes a second point.
+    """
+
+    name: str
+    value: float
+    step: int
+    timestamp: float
+
+
+@dataclass
+class Lineage:
+    """The runs a run derives from (``parents``) and the runs derived from it (``descendants``).
+
+    torchx declares this class without fields; reading code that ignores them keeps working.
+    """
+
+    run_id: str = ""
+    parents: list[TrackerSource] = field(default_factory=list)
+    descendants: list[TrackerSource] = field(default_factory=list)
+
+
+@dataclass
+class Batch:
+    """What one flush delivers to one backend, already coalesced.
+
+    ``metadata`` is merged in call order, ``artifacts`` keeps the last write of each name,
+    ``sources`` holds each (source, artifact) pair once, ``metrics`` keeps call order.
+    ``seq`` numbers the batches of one run from 0 within a process, so that backends can name
+    what they write deterministically. ``done`` holds the parts already stored: a retry skips
+    them (see :meth:`AsyncTrackerBase.write_batch`). Each lane gets its own copy.
+    """
+
+    seq: int
+    metadata: dict[str, object] = field(default_factory=dict)
+    artifacts: dict[str, TrackerArtifact] = field(default_factory=dict)
+    sources: list[TrackerSource] = field(default_factory=list)
+    metrics: list[TrackerMetric] = field(default_factory=list)
+    records: int = 0
+    done: set[str] = field(default_factory=set)
+
+    def for_lane(self) -> Batch:
+        """A copy sharing the (read-only) data, with its own progress."""
+        return Batch(
+            self.seq,
+            self.metadata,
+            self.artifacts,
+            self.sources,
+            self.metrics,
+            self.records,
+            set(),
+        )
+
+    def is_empty(self) -> bool:
+        return not (self.metadata or self.artifacts or self.sources or self.metrics)
+
+
+# ---------------------------------------------------------------------------------------------
+# Call-site validation. Each function raises TypeError/ValueError naming the offending key, and
+# returns a value the caller can no longer mutate under us.
+
+
+def check_name(value: object, what: str) -> str:
+    if not isinstance(value, str):
+        raise TypeError(f"{what} must be a str, got {type(value).__name__}: {value!r}")
+    if not value:
+        raise ValueError(f"{what} must not be empty")
+    return value
+
+
+def check_optional_str(value: object, what: str) -> str | None:
+    if value is not None and not isinstance(value, str):
+        raise TypeError(f"{what} must be a str or None, got {type(value).__name__}")
+    return value
+
+
+def metric_value(name: str, value: object) -> float:
+    """``float(value)``, done on the caller's thread; strings are refused although float()
+    parses them, because a string metric is nearly always a mistake."""
+    if isinstance(value, (str, bytes)):
+        raise TypeError(f"metric {name!r}: value must be a number, got {type(value).__name__}")
+    try:
+        return float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError) as exc:
+        raise TypeError(
+            f"metric {name!r}: value {value!r} of type {type(value).__name__} is not a number"
+        ) from exc
+
+
+def metric_step(name: str, step: object) -> int | None:
+    if step is None:
+        return None
+    if isinstance(step, bool):
+        raise TypeError(f"metric {name!r}: step must be an int, got bool")
+    try:
+        return operator.index(step)  # type: ignore[arg-type]
+    except TypeError as exc:
+        raise TypeError(
+            f"metric {name!r}: step must be an int, got {type(step).__name__}: {step!r}"
+        ) from exc
+
+
+def check_metric(name: object, value: object, step: object) -> tuple[str, float, int | None]:
+    """The slow path of ``log_metric``: validate and convert, or raise naming the metric."""
+    key = check_name(name, "metric name")
+    return key, metric_value(key, value), metric_step(key, step)
+
+
+_JSON_SCALARS = (str, int, float, bool, type(None))
+
+
+def json_copy(value: object, key: str) -> object:
+    """A deep copy of ``value`` made of dict/list/str/int/float/bool/None, or TypeError naming
+    ``key``. Tuples become lists (as JSON would make them). NaN and infinities are kept."""
+    if isinstance(value, _JSON_SCALARS):
+        return value
+    if isinstance(value, Mapping):
+        out: dict[str, object] = {}
+        for k, v in value.items():
+            if not isinstance(k, str):
+                raise TypeError(f"metadata {key!r}: keys must be str, got {type(k).__name__}")
+            out[k] = json_copy(v, f"{key}.{k}")
+        return out
+    if isinstance(value, (list, tuple)):
+        return [json_copy(v, f"{key}[{i}]") for i, v in enumerate(value)]
+    raise TypeError(
+        f"metadata {key!r}: {type(value).__name__} is not JSON data "
+        "(use dict, list, str, int, float, bool or None)"
+    )
+
+
+def check_metadata(kwargs: Mapping[str, object]) -> dict[str, object]:
+    out: dict[str, object] = {}
+    for k, v in kwargs.items():
+        check_name(k, "metadata key")
+        out[k] = json_copy(v, k)
+    return out
+
+
+def check_artifact(name: object, path: object, metadata: object) -> TrackerArtifact:
+    key = check_name(name, "artifact name")
+    if not isinstance(path, str):
+        raise TypeError(f"artifact {key!r}: path must be a str, got {type(path).__name__}")
+    if metadata is not None and not isinstance(metadata, Mapping):
+        raise TypeError(
+            f"artifact {key!r}: metadata must be a mapping or None, got {type(metadata).__name__}"
+        )
+    meta = None if metadata is None else json_copy(metadata, f"{key}.metadata")
+    return TrackerArtifact(key, path, meta)  # type: ignore[arg-type]
+
+
+def check_source(source_id: object, artifact_name: object) -> TrackerSource:
+    sid = check_name(source_id, "source_id")
+    return TrackerSource(sid, check_optional_str(artifact_name, "artifact_name"))
+
+
+def sort_points(points: Sequence[TrackerMetric]) -> list[TrackerMetric]:
+    """Points ordered by step, then time (the order ``metrics()`` promises)."""
+    return sorted(points, key=lambda p: (p.step, p.timestamp))
+
+
+def same_value(a: float, b: float) -> bool:
+    """Equality that treats NaN as equal to NaN (for tests and de-duplication)."""
+    return a == b or (math.isnan(a) and math.isnan(b))

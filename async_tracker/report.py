@@ -1,0 +1,73 @@
+"""What ``flush()``, ``close()`` and ``status()`` tell the caller.
+
+Counts are records accepted by ``AppRun`` (one ``add_metadata`` call, one metric point ...),
+counted once per backend that takes them: a point sent to two backends counts twice.
+They cover the whole life of the run, not just the last call.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class BackendStatus:
+    """The state of one backend's lane."""
+
+    name: str
+    buffered: int
+    in_flight: int
+    spooled: int
+    delivered: int
+    dropped: int
+    retries: int
+    last_error: str | None
+    lag_s: float
+    healthy: bool
+    spool_path: str | None = None
+
+
+@dataclass(frozen=True)
+class TrackerStatus:
+    """A snapshot of a run; reading it never waits for the tracker loop."""
+
+    run_id: str
+    closed: bool
+    backends: dict[str, BackendStatus] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class FlushReport:
+    """What a ``flush()`` or ``close()`` achieved.
+
+    ``delivered``: stored by backends. ``pending``: still in memory, in flight or waiting for
+    a backend to come back. ``spooled``: written to the local spool (``spool_paths`` says
+    where), to be replayed later. ``dropped``: discarded by a policy the user chose, or refused
+    by a backend as permanently invalid. ``errors``: the last error of each backend that has
+    one. ``ok`` is true when everything accepted so far is delivered.
+    """
+
+    delivered: int = 0
+    pending: int = 0
+    spooled: int = 0
+    dropped: int = 0
+    errors: dict[str, str] = field(default_factory=dict)
+    spool_paths: dict[str, str] = field(default_factory=dict)
+    timed_out: bool = False
+
+    @property
+    def ok(self) -> bool:
+        return self.pending == 0 and self.spooled == 0 and self.dropped == 0 and not self.errors
+
+    @classmethod
+    def from_status(cls, status: TrackerStatus, timed_out: bool = False) -> FlushReport:
+        b = status.backends.values()
+        return cls(
+            delivered=sum(s.delivered for s in b),
+            pending=sum(s.buffered + s.in_flight for s in b),
+            spooled=sum(s.spooled for s in b),
+            dropped=sum(s.dropped for s in b),
+            errors={s.name: s.last_error for s in b if s.last_error and (s.dropped or not s.healthy)},
+            spool_paths={s.name: s.spool_path for s in b if s.spool_path and s.spooled},
+            timed_out=timed_out,
+        )

@@ -1,0 +1,510 @@
+"""``AppRun``: what a job calls to record its run.
+
+Writes (``add_metadata``, ``add_artifact``, ``add_source``, ``log_metric``, ``log_metrics``)
+check their input, stamp the time and append one tuple to an in-memory buffer: they never
+block, do no I/O and never touch an event loop. The process's tracker loop drains the buffer
+in the background (see :mod:`async_tracker.flusher`). Reads flush first, so they see the
+caller's own writes.
+
+Example::
+
+    from async_tracker import AppRun
+    from async_tracker.backend.memory import InMemoryTracker
+
+    with AppRun("my-run", [InMemoryTracker()]) as run:
+        run.add_metadata(lr=0.01, model="resnet")
+        for step in range(100):
+            run.log_metric("loss", 1.0 / (step + 1), step=step)
+    # close() on exit delivered everything, or said what it could not.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+import os
+import threading
+import time
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Any, TypeVar
+
+import anyio.to_thread
+
+from async_tracker import shutdown
+from async_tracker.adapters import as_async
+from async_tracker.base import AsyncTrackerBase, TrackerBase, backend_name
+from async_tracker.buffer import ARTIFACT, METADATA, SOURCE, Buffer
+from async_tracker.errors import DeliveryError, TrackerClosedError
+from async_tracker.factory import (
+    ENV_TORCHX_JOB_ID,
+    ENV_TORCHX_PARENT_RUN_ID,
+    UNDEFINED_JOB_ID,
+    build_named_trackers,
+    trackers_config_from_environ,
+)
+from async_tracker.flusher import Lane, RunFlusher, get_flusher
+from async_tracker.loop import get_loop
+from async_tracker.records import (
+    Lineage,
+    TrackerArtifact,
+    TrackerMetric,
+    TrackerSource,
+    check_artifact,
+    check_metadata,
+    check_metric,
+    check_name,
+    check_source,
+)
+from async_tracker.report import FlushReport, TrackerStatus
+from async_tracker.retry import RetryPolicy
+from async_tracker.settings import CLOSE_SLACK_S, RunOptions
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+Backend = TrackerBase | AsyncTrackerBase
+
+
+@dataclass
+class AppRunTrackableSource:
+    """A source of a run at the ``AppRun`` level (torchx's dataclass)."""
+
+    parent: AppRun
+    artifact_name: str | None
+
+
+def _discard(record: tuple[Any, ...]) -> None:
+    """The append of a run with no backend (``<UNDEFINED>`` job id): writes go nowhere."""
+
+
+class AppRun:
+    """One run of a job, recording to one or more backends without blocking the caller.
+
+    Args:
+        id: the run id (torchx: the job's app handle).
+        backends: ``TrackerBase`` and ``AsyncTrackerBase`` objects, mixed freely.
+        flush_interval: seconds between flushes while records wait.
+        batch_size: records per batch; a full batch is flushed within the flusher's wake
+            interval (20 ms) whatever ``flush_interval`` says.
+        max_buffered: records held in memory per backend before the overflow policy acts.
+        spool_dir, durable: where and whether to write records to local disk first.
+        close_timeout: seconds ``close()`` and the exit hook wait at most.
+        retry: how each backend's lane retries transient failures.
+        strict: ``close()`` raises :class:`DeliveryError` when its report is not ok.
+        clock: the wall clock that stamps records (seconds since the epoch).
+    """
+
+    def __init__(
+        self,
+        id: str,
+        backends: Iterable[Backend] = (),
+        *,
+        flush_interval: float | None = None,
+        batch_size: int | None = None,
+        max_buffered: int | None = None,
+        spool_dir: str | None = None,
+        durable: bool | None = None,
+        close_timeout: float | None = None,
+        retry: RetryPolicy | None = None,
+        strict: bool | None = None,
+        clock: Callable[[], float] = time.time,
+        options: RunOptions | None = None,
+        _backend_names: Sequence[str] | None = None,
+        _owns_backends: bool = False,
+    ) -> None:
+        check_name(id, "run id")
+        self.id = id
+        self.backends: list[Backend] = list(backends)
+        given = {
+            "flush_interval": flush_interval,
+            "batch_size": batch_size,
+            "max_buffered": max_buffered,
+            "spool_dir": spool_dir,
+            "durable": durable,
+            "close_timeout": close_timeout,
+            "retry": retry,
+            "strict": strict,
+        }
+        base = options or RunOptions()
+        self.options = RunOptions(
+            **{**base.__dict__, **{k: v for k, v in given.items() if v is not None}}
+        )
+        self._async_backends = [as_async(b) for b in self.backends]
+        self._names = _unique_names(
+            list(_backend_names) if _backend_names else [backend_name(b) for b in self._async_backends]
+        )
+        self._owns_backends = _owns_backends
+        self._clock = clock
+        self._buffer = Buffer()
+        self._start_lock = threading.Lock()
+        self._flusher: RunFlusher | None = None
+        self._close_report: FlushReport | None = None
+        self.closed = False
+        # The hot path calls self._append directly. Until the first write it starts the
+        # flusher; after close() it raises. Swapping the function keeps both checks off
+        # the hot path.
+        self._append: Callable[[tuple[Any, ...]], None] = (
+            self._first_append if self._async_backends else _discard
+        )
+        self._warn_skipped_metrics()
+        shutdown.register(self)
+        if self._async_backends:
+            shutdown.install_sigterm_handler()
+
+    # -- torchx's construction from the environment ----------------------------------------
+    @staticmethod
+    def run_from_env() -> AppRun:
+        """The run of this job, from the environment torchx's runner sets; one per process.
+
+        ``TORCHX_JOB_ID`` is the run id (default ``<UNDEFINED>``, whose writes go nowhere),
+        ``TORCHX_TRACKERS`` and ``TORCHX_TRACKER_<NAME>_CONFIG`` name and configure the
+        backends, ``TORCHX_PARENT_RUN_ID`` becomes a source of the run. Options come from
+        ``ASYNC_TRACKER_<OPTION>`` variables.
+        """
+        global _env_run, _env_run_pid
+        with _env_lock:
+            if _env_run is None or _env_run_pid != os.getpid():
+                _env_run = _build_run_from_env()
+                _env_run_pid = os.getpid()
+            return _env_run
+
+    def job_id(self) -> str:
+        """The run id (torchx's name for it)."""
+        return self.id
+
+    # -- writes: the hot path ----------------------------------------------------------------
+    def add_metadata(self, **kwargs: object) -> None:
+        """Records metadata; a later value of a key replaces an earlier one.
+        Values must be JSON data (dict, list, str, int, float, bool, None)."""
+        self._append((METADATA, check_metadata(kwargs)))
+
+    def add_artifact(
+        self, name: str, path: str, metadata: Mapping[str, object] | None = None
+    ) -> None:
+        """Records an artifact: a name, where it lives, and optional metadata."""
+        self._append((ARTIFACT, check_artifact(name, path, metadata)))
+
+    def add_source(self, source_id: str, artifact_name: str | None = None) -> None:
+        """Records that this run derives from ``source_id`` (a parent run, a data set ...)."""
+        self._append((SOURCE, check_source(source_id, artifact_name)))
+
+    def log_metric(self, name: str, value: float, step: int | None = None) -> None:
+        """Records one metric point. ``value`` is anything ``float()`` takes (numpy scalars,
+        0-d tensors); ``step`` defaults to the metric's previous step plus one."""
+        # The common case (a str name, a float value, an int or no step) costs three type
+        # checks; anything else takes the slow path, which converts or raises.
+        if (
+            type(name) is not str
+            or not name
+            or type(value) is not float
+            or (step is not None and type(step) is not int)
+        ):
+            name, value, step = check_metric(name, value, step)
+        self._append((name, value, step, self._clock()))
+
+    def log_metrics(self, metrics: Mapping[str, float], step: int | None = None) -> None:
+        """Records several metrics at one step and time. All are checked before any is kept."""
+        if not isinstance(metrics, Mapping):
+            raise TypeError(f"metrics must be a mapping of name to value, got {type(metrics).__name__}")
+        points = [check_metric(k, v, step) for k, v in metrics.items()]
+        now = self._clock()
+        append = self._append
+        for name, value, s in points:
+            append((name, value, s, now))
+
+    # -- lifecycle ----------------------------------------------------------------------------
+    def _first_append(self, record: tuple[Any, ...]) -> None:
+        self._ensure_started()
+        self._append(record)
+
+    def _ensure_started(self) -> RunFlusher:
+        with self._start_lock:
+            if self._flusher is None:
+                if self.closed:
+                    raise TrackerClosedError(f"run {self.id!r} is closed")
+                flusher = get_flusher()
+                self._flusher = RunFlusher(
+                    self.id,
+                    self._buffer,
+                    list(zip(self._names, self._async_backends)),
+                    self.options,
+                    self._owns_backends,
+                )
+                # Registration runs on the loop (the lanes become its tasks); we do not wait
+                # for it: records appended meanwhile simply wait in the buffer.
+                flusher.loop.submit(flusher.add, self._flusher)
+                self._append = self._buffer.append
+            return self._flusher
+
+    def _closed_append(self, record: tuple[Any, ...]) -> None:
+        raise TrackerClosedError(f"run {self.id!r} is closed; it accepts no more writes")
+
+    def _run_on_loop(
+        self, fn: Callable[..., Awaitable[T]], *args: Any, timeout: float | None = None
+    ) -> T:
+        wait = None if timeout is None else timeout + CLOSE_SLACK_S
+        return get_loop().call(fn, *args, timeout=wait)
+
+    def flush(self, timeout: float | None = None) -> FlushReport:
+        """Delivers everything written so far, waiting at most ``timeout`` seconds (None:
+        until each backend has delivered or exhausted its retries)."""
+        if self._flusher is None:
+            return self._idle_report()
+        try:
+            return self._run_on_loop(self._flusher.flush, timeout, timeout=timeout)
+        except concurrent.futures.TimeoutError:
+            return FlushReport.from_status(self.status(), timed_out=True)
+
+    async def aflush(self, timeout: float | None = None) -> FlushReport:
+        """``flush()`` for async callers: awaits the tracker loop, never blocks this loop."""
+        if self._flusher is None:
+            return self._idle_report()
+        return await _await_on_tracker_loop(self._flusher.flush, timeout)
+
+    def _start_close(self, timeout: float) -> Callable[[float], FlushReport]:
+        """Begins closing and returns a function that waits for the report. Split so that
+        the exit hook can close every run at once."""
+        with self._start_lock:
+            self.closed = True
+            self._append = self._closed_append
+        flusher = self._flusher
+        if self._close_report is not None or flusher is None:
+            report = self._close_report or self._idle_report()
+            self._close_report = report
+            return lambda _: report
+        if get_loop().in_loop_thread():
+            raise RuntimeError("close() cannot be called on the tracker loop; use aclose()")
+        future = get_loop().submit(flusher.close, timeout)
+
+        def wait(remaining: float) -> FlushReport:
+            try:
+                report = future.result(remaining + CLOSE_SLACK_S)
+            except concurrent.futures.TimeoutError:
+                # The loop itself is stuck (an async backend blocking it): answer anyway.
+                report = FlushReport.from_status(self.status(), timed_out=True)
+            self._close_report = report
+            return report
+
+        return wait
+
+    def close(self, timeout: float | None = None) -> FlushReport:
+        """Delivers what it can within ``timeout`` (default ``close_timeout``) and stops.
+
+        Returns within the timeout plus a small slack whatever the backends do; the report
+        says what was not delivered. Idempotent; writes afterwards raise
+        :class:`TrackerClosedError`.
+        """
+        if self._close_report is not None:
+            return self._close_report
+        limit = self.options.close_timeout if timeout is None else timeout
+        report = self._start_close(limit)(limit)
+        self._check_strict(report)
+        return report
+
+    async def aclose(self, timeout: float | None = None) -> FlushReport:
+        """``close()`` for async callers."""
+        if self._close_report is not None:
+            return self._close_report
+        limit = self.options.close_timeout if timeout is None else timeout
+        wait = self._start_close(limit)
+        report = await anyio.to_thread.run_sync(wait, limit, abandon_on_cancel=True)
+        self._check_strict(report)
+        return report
+
+    def _check_strict(self, report: FlushReport) -> None:
+        if self.options.strict and not report.ok:
+            raise DeliveryError(f"run {self.id!r} closed without delivering everything: {report}")
+
+    def _idle_report(self) -> FlushReport:
+        return FlushReport()
+
+    def status(self) -> TrackerStatus:
+        """Per backend: buffered, in flight, delivered, dropped, retries, last error, lag.
+        Reads counters only; never waits for the tracker loop."""
+        if self._flusher is None:
+            return TrackerStatus(self.id, self.closed)
+        return self._flusher.status()
+
+    def __enter__(self) -> AppRun:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    async def __aenter__(self) -> AppRun:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+    def _reset_after_fork(self) -> None:
+        """In a forked child: forget the parent's records and flusher; start anew on the
+        next write. Called by :mod:`async_tracker.shutdown`; no other thread exists yet."""
+        self._buffer.clear()
+        self._flusher = None
+        self._start_lock = threading.Lock()
+        if not self.closed and self._async_backends:
+            self._append = self._first_append
+
+    # -- reads ---------------------------------------------------------------------------------
+    def _reader(self) -> tuple[AsyncTrackerBase, list[Lane]] | None:
+        """The backend reads go to (the first, as in torchx) and its lane, if any."""
+        if not self._async_backends:
+            return None
+        flusher = self._flusher
+        lanes = [flusher.lanes[0]] if flusher is not None else []
+        return self._async_backends[0], lanes
+
+    async def _read(self, method: str, *args: Any) -> Any:
+        reader = self._reader()
+        assert reader is not None
+        backend, lanes = reader
+        if self._flusher is not None and not self.closed:
+            # Only the lane we read from: a slow second backend must not delay this read.
+            await self._flusher.flush(None, lanes)
+        return await getattr(backend, method)(self.id, *args)
+
+    def _read_sync(self, method: str, *args: Any) -> Any:
+        if self._reader() is None:
+            return None
+        return self._run_on_loop(self._read, method, *args)
+
+    async def _aread(self, method: str, *args: Any) -> Any:
+        if self._reader() is None:
+            return None
+        return await _await_on_tracker_loop(self._read, method, *args)
+
+    def metadata(self) -> Mapping[str, object]:
+        """The run's metadata, including this process's writes so far."""
+        return self._read_sync("metadata") or {}
+
+    async def ametadata(self) -> Mapping[str, object]:
+        return await self._aread("metadata") or {}
+
+    def artifacts(self) -> Mapping[str, TrackerArtifact]:
+        """The run's artifacts by name."""
+        return self._read_sync("artifacts") or {}
+
+    async def aartifacts(self) -> Mapping[str, TrackerArtifact]:
+        return await self._aread("artifacts") or {}
+
+    def metrics(self) -> Mapping[str, Sequence[TrackerMetric]]:
+        """The run's metrics, each ordered by step then time."""
+        return self._read_sync("metrics") or {}
+
+    async def ametrics(self) -> Mapping[str, Sequence[TrackerMetric]]:
+        return await self._aread("metrics") or {}
+
+    def _as_trackable(self, sources: Iterable[TrackerSource]) -> list[AppRunTrackableSource]:
+        return [
+            AppRunTrackableSource(self._relative(s.source_run_id), s.artifact_name)
+            for s in sources
+        ]
+
+    def _relative(self, run_id: str) -> AppRun:
+        """Another run seen through our backends, for reading (it owns nothing)."""
+        return AppRun(run_id, self.backends, options=self.options, _backend_names=self._names)
+
+    def sources(self) -> list[AppRunTrackableSource]:
+        """The runs and entities this run derives from, read from the first backend."""
+        return self._as_trackable(self._read_sync("sources") or [])
+
+    async def asources(self) -> list[AppRunTrackableSource]:
+        return self._as_trackable(await self._aread("sources") or [])
+
+    def children(self) -> list[AppRun]:
+        """The runs that name this run as their parent (``run_ids(parent_run_id=...)``)."""
+        if self._reader() is None:
+            return []
+        backend = self._async_backends[0]
+        ids = self._run_on_loop(_run_ids_of_parent, backend, self.id)
+        return [self._relative(i) for i in ids]
+
+    def lineage(self) -> Lineage:
+        """Parents and descendants of this run, from the first backend."""
+        return self._read_sync("lineage") or Lineage(self.id)
+
+    def _warn_skipped_metrics(self) -> None:
+        skipped = [n for n, b in zip(self._names, self._async_backends) if not b.supports_metrics]
+        if skipped:
+            logger.warning(
+                "async_tracker: backends %s are plain TrackerBase objects without a metric "
+                "method; they get metadata, artifacts and sources, not metrics",
+                ", ".join(skipped),
+            )
+
+    def __repr__(self) -> str:
+        return f"AppRun(id={self.id!r}, backends={self._names})"
+
+
+async def _run_ids_of_parent(backend: AsyncTrackerBase, parent: str) -> list[str]:
+    return list(await backend.run_ids(parent_run_id=parent))
+
+
+async def _await_on_tracker_loop(fn: Callable[..., Awaitable[T]], *args: Any) -> T:
+    """Awaits ``fn(*args)`` run on the tracker loop, from whatever loop the caller is on."""
+    loop = get_loop()
+    if loop.in_loop_thread():
+        return await fn(*args)
+    future = loop.submit(fn, *args)
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        # Not asyncio (trio): wait in a worker thread, abandoned if the caller is cancelled.
+        return await anyio.to_thread.run_sync(future.result, abandon_on_cancel=True)
+    return await asyncio.wrap_future(future)
+
+
+def _unique_names(names: list[str]) -> list[str]:
+    seen: dict[str, int] = {}
+    out = []
+    for n in names:
+        seen[n] = seen.get(n, 0) + 1
+        out.append(n if seen[n] == 1 else f"{n}#{seen[n]}")
+    return out
+
+
+_env_lock = threading.Lock()
+_env_run: AppRun | None = None
+_env_run_pid = 0
+
+
+def _build_run_from_env() -> AppRun:
+    job_id = os.environ.get(ENV_TORCHX_JOB_ID, UNDEFINED_JOB_ID)
+    options = RunOptions.from_env()
+    if job_id == UNDEFINED_JOB_ID:
+        # Not launched as a job: no canonical id exists, so nothing is recorded.
+        return AppRun(job_id, [], options=options)
+    named = build_named_trackers(trackers_config_from_environ())
+    run = AppRun(
+        job_id,
+        [t for _, t in named],
+        options=options,
+        _backend_names=[n for n, _ in named],
+        _owns_backends=True,
+    )
+    parent = os.environ.get(ENV_TORCHX_PARENT_RUN_ID)
+    if parent:
+        logger.info("async_tracker: parent run of %r is %r", job_id, parent)
+        run.add_source(parent, None)
+    return run
+
+
+def app_run_from_env() -> AppRun:
+    """torchx's module-level alias of :meth:`AppRun.run_from_env`."""
+    return AppRun.run_from_env()
+
+

@@ -1,0 +1,97 @@
+"""Every tunable of async_tracker in one place, with its ``ASYNC_TRACKER_*`` variable.
+
+Durations are float seconds; names carry the unit.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+
+from async_tracker.retry import RetryPolicy
+
+DEFAULT_FLUSH_INTERVAL_S = 1.0
+DEFAULT_BATCH_SIZE = 10_000
+DEFAULT_MAX_BUFFERED = 1_000_000
+DEFAULT_CLOSE_TIMEOUT_S = 10.0
+# How often the flusher looks at the buffers. The hot path never wakes the flusher (that would
+# be an event-loop call); it finds a full batch within this time instead.
+DEFAULT_WAKE_INTERVAL_S = 0.02
+# What close() may take beyond its timeout: reading counters and building the report.
+CLOSE_SLACK_S = 0.5
+# How long SIGTERM waits for a flush before the previous handler runs.
+DEFAULT_SIGTERM_GRACE_S = 5.0
+# Worker threads running blocking backends at once, for the whole process.
+DEFAULT_THREAD_LIMIT = 16
+
+ENV_PREFIX = "ASYNC_TRACKER_"
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    """The options of an ``AppRun``; ``from_env`` reads ``ASYNC_TRACKER_<OPTION>``."""
+
+    flush_interval: float = DEFAULT_FLUSH_INTERVAL_S
+    batch_size: int = DEFAULT_BATCH_SIZE
+    max_buffered: int = DEFAULT_MAX_BUFFERED
+    spool_dir: str | None = None
+    durable: bool = False
+    close_timeout: float = DEFAULT_CLOSE_TIMEOUT_S
+    retry: RetryPolicy = field(default_factory=RetryPolicy)
+    strict: bool = False
+
+    def __post_init__(self) -> None:
+        if not self.flush_interval > 0:
+            raise ValueError(f"flush_interval must be > 0 seconds, got {self.flush_interval!r}")
+        if self.batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {self.batch_size!r}")
+        if self.max_buffered < self.batch_size:
+            raise ValueError(
+                f"max_buffered ({self.max_buffered}) must be >= batch_size ({self.batch_size})"
+            )
+        if not self.close_timeout >= 0:
+            raise ValueError(f"close_timeout must be >= 0 seconds, got {self.close_timeout!r}")
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> RunOptions:
+        """Options from ``ASYNC_TRACKER_FLUSH_INTERVAL``, ``..._BATCH_SIZE``, ``..._DURABLE=1`` ..."""
+        env = os.environ if environ is None else environ
+        values: dict[str, object] = {}
+        for f in fields(cls):
+            if f.name == "retry":
+                continue
+            raw = env.get(ENV_PREFIX + f.name.upper())
+            if raw is None or raw == "":
+                continue
+            values[f.name] = _parse(f.name, raw)
+        return cls(**values)  # type: ignore[arg-type]
+
+
+def _parse(name: str, raw: str) -> object:
+    var = ENV_PREFIX + name.upper()
+    try:
+        if name in ("flush_interval", "close_timeout"):
+            return float(raw)
+        if name in ("batch_size", "max_buffered"):
+            return int(raw)
+        if name in ("durable", "strict"):
+            low = raw.strip().lower()
+            if low in ("1", "true", "yes", "on"):
+                return True
+            if low in ("0", "false", "no", "off"):
+                return False
+            raise ValueError(raw)
+        return raw
+    except ValueError:
+        raise ValueError(f"{var}={raw!r} is not a valid value for {name}") from None
+
+
+def env_float(name: str, default: float) -> float:
+    raw = os.environ.get(ENV_PREFIX + name)
+    if not raw:
+        return default
+    try:
+        return float(raw)
+    except ValueError:
+        raise ValueError(f"{ENV_PREFIX}{name}={raw!r} is not a number of seconds") from None

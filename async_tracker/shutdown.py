@@ -1,0 +1,105 @@
+"""How runs end by themselves: at interpreter exit, on SIGTERM, and across a fork.
+
+* At exit, every run still open is closed, all at once, within the longest close timeout.
+* On SIGTERM (when the process has not set its own handler first... or has: we chain to it),
+  every run is flushed within ``ASYNC_TRACKER_SIGTERM_GRACE`` seconds, then the previous
+  handler runs. If that handler is the default one (the process dies), runs are closed instead,
+  so that they end cleanly.
+* In a forked child (DataLoader workers), every run starts empty with its own flusher: the
+  parent's records stay with the parent.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+import signal
+import threading
+import time
+import weakref
+from types import FrameType
+from typing import TYPE_CHECKING, Any
+
+from async_tracker.settings import DEFAULT_SIGTERM_GRACE_S, env_float
+
+if TYPE_CHECKING:
+    from async_tracker.run import AppRun
+
+logger = logging.getLogger(__name__)
+
+_runs: weakref.WeakSet[AppRun] = weakref.WeakSet()
+_sigterm_installed = False
+_previous_sigterm: Any = None
+
+
+def register(run: AppRun) -> None:
+    _runs.add(run)
+
+
+def open_runs() -> list[AppRun]:
+    return [r for r in list(_runs) if not r.closed]
+
+
+def close_all(timeout: float | None = None) -> None:
+    """Closes every open run concurrently, within ``timeout`` (default: the longest
+    ``close_timeout`` among them), and logs what was not delivered."""
+    runs = open_runs()
+    if not runs:
+        return
+    limit = max(r.options.close_timeout for r in runs) if timeout is None else timeout
+    deadline = time.monotonic() + limit
+    pending = [(r, r._start_close(max(0.0, deadline - time.monotonic()))) for r in runs]
+    for run, wait in pending:
+        report = wait(max(0.0, deadline - time.monotonic()))
+        if not report.ok:
+            logger.warning("async_tracker: run %r closed with %s", run.id, report)
+
+
+def flush_all(timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    for run in open_runs():
+        try:
+            run.flush(max(0.0, deadline - time.monotonic()))
+        except Exception as exc:  # a signal handler must not fail
+            logger.warning("async_tracker: flushing run %r on SIGTERM failed: %s", run.id, exc)
+
+
+def _on_sigterm(signum: int, frame: FrameType | None) -> None:
+    grace = env_float("SIGTERM_GRACE", DEFAULT_SIGTERM_GRACE_S)
+    previous = _previous_sigterm
+    if previous in (signal.SIG_DFL, None):
+        # The default action kills the process without running atexit: end runs now.
+        close_all(grace)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGTERM)
+        return
+    flush_all(grace)
+    if callable(previous):
+        previous(signum, frame)
+
+
+def install_sigterm_handler() -> None:
+    """Chains our SIGTERM handler in front of the current one, once, from the main thread
+    (Python allows signal handlers to be set only there). ``ASYNC_TRACKER_HANDLE_SIGTERM=0``
+    opts out. A process that ignores SIGTERM keeps ignoring it."""
+    global _sigterm_installed, _previous_sigterm
+    if _sigterm_installed or os.environ.get("ASYNC_TRACKER_HANDLE_SIGTERM", "1") == "0":
+        return
+    if threading.current_thread() is not threading.main_thread():
+        return
+    current = signal.getsignal(signal.SIGTERM)
+    if current is signal.SIG_IGN:
+        return
+    _previous_sigterm = current
+    signal.signal(signal.SIGTERM, _on_sigterm)
+    _sigterm_installed = True
+
+
+def _after_fork_in_child() -> None:
+    for run in list(_runs):
+        run._reset_after_fork()
+
+
+atexit.register(close_all)
+os.register_at_fork(after_in_child=_after_fork_in_child)
