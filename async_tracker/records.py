@@ -66,7 +66,9 @@ class Batch:
     ``sources`` holds each (source, artifact) pair once, ``metrics`` keeps call order.
     ``seq`` numbers the batches of one run from 0 within a process, so that backends can name
     what they write deterministically. ``done`` holds the parts already stored: a retry skips
-    them (see :meth:`AsyncTrackerBase.write_batch`). Each lane gets its own copy.
+    them (see :meth:`AsyncTrackerBase.write_batch`). ``names`` holds the object names a
+    backend chose at its first attempt, so that a retry overwrites instead of duplicating.
+    Each lane gets its own copy.
     """
 
     seq: int
@@ -76,6 +78,7 @@ class Batch:
     metrics: list[TrackerMetric] = field(default_factory=list)
     records: int = 0
     done: set[str] = field(default_factory=set)
+    names: dict[str, str] = field(default_factory=dict)
 
     def for_lane(self) -> Batch:
         """A copy sharing the (read-only) data, with its own progress."""
@@ -86,7 +89,6 @@ class Batch:
             self.sources,
             self.metrics,
             self.records,
-            set(),
         )
 
     def is_empty(self) -> bool:
