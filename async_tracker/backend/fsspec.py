@@ -1,0 +1,528 @@
+"""The fsspec backend: torchx's on-disk layout on any fsspec filesystem, written in batches.
+
+Layout under ``root_dir`` (torchx's ``FsspecTracker`` and ``torchx tracker list`` read it)::
+
+    <base32(run_id)>/
+        metadata/<name>           {"metadata": {...}}            see "Metadata" below
+        artifacts/<base32(name)>  {"name": .., "path": .., "metadata": ..}, one per artifact
+        sources/<base32(src)>     artifact names, one per line ("" for none), no repeats
+        descendants/<base32(id)>  the same, written into the parent's directory
+        metrics/<name>.jsonl      new (torchx ignores it): immutable segments, one per flush
+        .tmp/                     staging for atomic renames on filesystems that have them
+
+File names start with the wall-clock time in nanoseconds, then a token unique to the process
+(hosts and forks included) and a counter, so names never collide and sort into write order.
+A retry reuses the name chosen at the first attempt (``Batch.names``): it overwrites, never
+duplicates.
+
+Metadata: torchx's reader merges metadata files in directory-listing order, which on local
+disks is hash order, not write order. So each process writes its whole merged metadata in
+every flush and then removes the file of its previous flush: one file per process, and
+whatever order a reader takes, a process's last write wins. Our reader sorts by name, so
+across processes the later write wins too.
+
+Metric segments are JSON Lines with one line per metric name, columns of steps, values and
+timestamps: ``{"name": "loss", "step": [...], "value": [...], "time": [...]}``. Columns let
+the C JSON encoder do the work, and NaN and infinities round-trip (``NaN``, ``Infinity``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import binascii
+import json
+import logging
+import os
+import posixpath
+import secrets
+import threading
+import time
+from base64 import b32decode, b32encode
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any, TypeVar
+
+import fsspec
+from fsspec.implementations.local import LocalFileSystem
+
+from async_tracker.adapters import SyncTracker, run_blocking
+from async_tracker.base import AsyncTrackerBase
+from async_tracker.errors import PermanentBackendError, TrackerConfigError
+from async_tracker.records import (
+    Batch,
+    Lineage,
+    TrackerArtifact,
+    TrackerMetric,
+    TrackerSource,
+    sort_points,
+)
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+METADATA_DIR = "metadata"
+ARTIFACTS_DIR = "artifacts"
+SOURCES_DIR = "sources"
+DESCENDANTS_DIR = "descendants"
+METRICS_DIR = "metrics"
+TMP_DIR = ".tmp"
+
+
+def encode_run_id(run_id: str) -> str:
+    """torchx's directory name for a run id: base32 of its bytes (UTF-8; torchx's ASCII for
+    ASCII ids), uppercase and padded."""
+    return b32encode(run_id.encode("utf-8")).decode("ascii")
+
+
+def decode_run_id(name: str) -> str | None:
+    """The run id a directory or file name encodes, or None for a foreign name."""
+    try:
+        return b32decode(name.encode("ascii")).decode("utf-8")
+    except (binascii.Error, ValueError, UnicodeError):
+        return None
+
+
+class _Names:
+    """Unique, time-ordered object names for this process (a new token after a fork)."""
+
+    def __init__(self) -> None:
+        self._reset()
+        os.register_at_fork(after_in_child=self._reset)
+
+    def _reset(self) -> None:
+        self._token = f"{secrets.token_hex(4)}{os.getpid():x}"
+        self._count = 0
+        self._last_ns = 0
+        self._lock = threading.Lock()
+
+    def new(self, suffix: str = "") -> str:
+        with self._lock:
+            # Never go back in time within a process, even if the wall clock does.
+            now = max(time.time_ns(), self._last_ns + 1)
+            self._last_ns = now
+            self._count += 1
+            return f"{now}-{self._token}-{self._count:06d}{suffix}"
+
+
+_names = _Names()
+
+
+class _Storage:
+    """The handful of operations the tracker needs, as coroutines over any fsspec filesystem.
+
+    Async filesystems (s3fs, gcsfs, http) run their own coroutines on fsspec's I/O loop; we
+    submit to that loop and await the result, without a thread. Others run in worker threads
+    behind the process-wide limiter. Either way the tracker loop itself never blocks on I/O.
+    """
+
+    def __init__(self, fs: fsspec.AbstractFileSystem) -> None:
+        self.fs = fs
+        self.is_async = bool(getattr(fs, "async_impl", False)) and not getattr(
+            fs, "asynchronous", False
+        )
+        # Only filesystems with an atomic rename stage files; an object store PUT is atomic.
+        self.stages = isinstance(fs, LocalFileSystem)
+
+    async def _call(self, name: str, *args: Any, **kwargs: Any) -> Any:
+        if self.is_async:
+            coro = getattr(self.fs, "_" + name)(*args, **kwargs)
+            future = asyncio.run_coroutine_threadsafe(coro, self.fs.loop)
+            return await asyncio.wrap_future(future)
+        return await run_blocking(getattr(self.fs, name), *args, **kwargs)
+
+    async def put(self, path: str, data: bytes, stage_dir: str) -> None:
+        if self.stages:
+            await run_blocking(self._put_staged, path, data, stage_dir)
+        else:
+            await self._call("pipe_file", path, data)
+
+    def _put_staged(self, path: str, data: bytes, stage_dir: str) -> None:
+        self.fs.makedirs(stage_dir, exist_ok=True)
+        self.fs.makedirs(posixpath.dirname(path), exist_ok=True)
+        tmp = posixpath.join(stage_dir, secrets.token_hex(8))
+        self.fs.pipe_file(tmp, data)
+        self.fs.mv(tmp, path)
+
+    async def get(self, path: str) -> bytes | None:
+        try:
+            data: bytes = await self._call("cat_file", path)
+            return data
+        except FileNotFoundError:
+            return None
+
+    async def ls(self, path: str) -> list[tuple[str, str]]:
+        """``(basename, type)`` of each entry, sorted by name; [] for a missing directory.
+        The listing cache is dropped first: other processes write here too."""
+        self.fs.invalidate_cache(path)
+        try:
+            entries = await self._call("ls", path, detail=True)
+        except FileNotFoundError:
+            return []
+        out = [(posixpath.basename(e["name"].rstrip("/")), e.get("type", "file")) for e in entries]
+        return sorted(out)
+
+    async def rm(self, path: str) -> None:
+        try:
+            await self._call("rm_file", path)
+        except FileNotFoundError:
+            pass
+
+    async def exists(self, path: str) -> bool:
+        return bool(await self._call("exists", path))
+
+
+class AsyncFsspecTracker(AsyncTrackerBase):
+    """Runs stored under ``root_dir`` of an fsspec filesystem, in torchx's layout.
+
+    ``write_batch`` writes one metadata file, one file per distinct artifact, the source and
+    descendant files, and one metrics segment per flush. Reads sort by name and skip, with one
+    warning per read, files they cannot parse.
+    """
+
+    name = "fsspec"
+
+    def __init__(self, fs: fsspec.AbstractFileSystem, root_dir: str) -> None:
+        self.fs = fs
+        self.root_dir = fs._strip_protocol(root_dir).rstrip("/") or "/"
+        self._storage = _Storage(fs)
+        # Per run: (pid, merged metadata, name of our last metadata file). The pid makes a
+        # forked child start afresh instead of removing its parent's file.
+        self._metadata_state: dict[str, tuple[int, dict[str, object], str | None]] = {}
+
+    def _run_dir(self, run_id: str) -> str:
+        return posixpath.join(self.root_dir, encode_run_id(run_id))
+
+    def _path(self, run_id: str, *parts: str) -> str:
+        return posixpath.join(self._run_dir(run_id), *parts)
+
+    async def _put_json(self, run_id: str, path: str, content: object) -> None:
+        try:
+            data = json.dumps(content).encode("utf-8")
+        except (TypeError, ValueError) as exc:
+            raise PermanentBackendError(f"cannot encode {path} as JSON: {exc}") from exc
+        await self._storage.put(path, data, self._path(run_id, TMP_DIR))
+
+    # -- writes ---------------------------------------------------------------------------------
+    async def write_batch(self, run_id: str, batch: Batch) -> None:
+        if batch.metadata and "metadata" not in batch.done:
+            await self._write_metadata(run_id, batch.metadata, batch.names)
+            batch.done.add("metadata")
+        for art in batch.artifacts.values():
+            part = f"artifact:{art.name}"
+            if part not in batch.done:
+                await self.add_artifact(run_id, art.name, art.path, art.metadata)
+                batch.done.add(part)
+        for src in batch.sources:
+            part = f"source:{src.source_run_id}:{src.artifact_name or ''}"
+            if part not in batch.done:
+                await self.add_source(run_id, src.source_run_id, src.artifact_name)
+                batch.done.add(part)
+        if batch.metrics and "metrics" not in batch.done:
+            await self._write_segment(run_id, batch.metrics, batch.names)
+            batch.done.add("metrics")
+
+    async def _write_metadata(
+        self, run_id: str, metadata: Mapping[str, object], names: dict[str, str]
+    ) -> None:
+        pid = os.getpid()
+        state = self._metadata_state.get(run_id)
+        if state is None or state[0] != pid:
+            state = (pid, {}, None)
+        _, merged, previous = state
+        merged = {**merged, **metadata}
+        name = names.setdefault("metadata", _names.new())
+        await self._put_json(run_id, self._path(run_id, METADATA_DIR, name), {"metadata": merged})
+        self._metadata_state[run_id] = (pid, merged, name)
+        if previous is not None and previous != name:
+            # Superseded by the file just written, which holds all it held.
+            await self._storage.rm(self._path(run_id, METADATA_DIR, previous))
+
+    async def _write_segment(
+        self, run_id: str, metrics: Sequence[TrackerMetric], names: dict[str, str]
+    ) -> None:
+        columns: dict[str, tuple[list[int], list[float], list[float]]] = {}
+        for name, value, step, ts in metrics:
+            col = columns.get(name)
+            if col is None:
+                col = columns[name] = ([], [], [])
+            col[0].append(step)
+            col[1].append(value)
+            col[2].append(ts)
+        lines = [
+            json.dumps({"name": n, "step": s, "value": v, "time": t})
+            for n, (s, v, t) in columns.items()
+        ]
+        data = ("\n".join(lines) + "\n").encode("utf-8")
+        name = names.setdefault("metrics", _names.new(".jsonl"))
+        await self._storage.put(
+            self._path(run_id, METRICS_DIR, name), data, self._path(run_id, TMP_DIR)
+        )
+
+    async def add_metadata(self, run_id: str, **kwargs: object) -> None:
+        await self._write_metadata(run_id, kwargs, {})
+
+    async def add_artifact(
+        self, run_id: str, name: str, path: str, metadata: Mapping[str, object] | None = None
+    ) -> None:
+        # One file per artifact name: a later write replaces it, whatever order readers list.
+        file = self._path(run_id, ARTIFACTS_DIR, encode_run_id(name))
+        content = {"name": name, "path": path, "metadata": dict(metadata) if metadata else metadata}
+        await self._put_json(run_id, file, content)
+
+    async def _add_line(self, run_id: str, path: str, line: str) -> None:
+        """Adds ``line`` to a small text file unless present (read, then one atomic write)."""
+        old = await self._storage.get(path)
+        lines = old.decode("utf-8").split("\n")[:-1] if old else []
+        if line in lines:
+            return
+        lines.append(line)
+        data = ("\n".join(lines) + "\n").encode("utf-8")
+        await self._storage.put(path, data, self._path(run_id, TMP_DIR))
+
+    async def add_source(
+        self, run_id: str, source_id: str, artifact_name: str | None = None
+    ) -> None:
+        line = artifact_name or ""
+        await self._add_line(
+            run_id, self._path(run_id, SOURCES_DIR, encode_run_id(source_id)), line
+        )
+        await self._add_line(
+            source_id, self._path(source_id, DESCENDANTS_DIR, encode_run_id(run_id)), line
+        )
+
+    async def add_metrics(self, run_id: str, metrics: Sequence[TrackerMetric]) -> None:
+        await self._write_segment(run_id, metrics, {})
+
+    # -- reads ----------------------------------------------------------------------------------
+    async def _read_dir(
+        self, directory: str, parse: Callable[[str, bytes], T], skipped: list[str]
+    ) -> list[T]:
+        out: list[T] = []
+        for name, kind in await self._storage.ls(directory):
+            if kind != "file":
+                skipped.append(posixpath.join(directory, name))
+                continue
+            data = await self._storage.get(posixpath.join(directory, name))
+            if data is None:  # removed since listed (a superseded metadata file)
+                continue
+            try:
+                out.append(parse(name, data))
+            except (ValueError, TypeError, KeyError, AttributeError, UnicodeError):
+                skipped.append(posixpath.join(directory, name))
+        return out
+
+    @staticmethod
+    def _warn(skipped: list[str]) -> None:
+        if skipped:
+            logger.warning(
+                "async_tracker: skipped %d entries that are not tracker records: %s",
+                len(skipped), ", ".join(skipped[:5]) + (" ..." if len(skipped) > 5 else ""),
+            )
+
+    async def metadata(self, run_id: str) -> Mapping[str, object]:
+        skipped: list[str] = []
+        entries = await self._read_dir(
+            self._path(run_id, METADATA_DIR), lambda _, d: _as_dict(json.loads(d)["metadata"]),
+            skipped,
+        )
+        self._warn(skipped)
+        merged: dict[str, object] = {}
+        for entry in entries:
+            merged.update(entry)
+        return merged
+
+    async def artifacts(self, run_id: str) -> Mapping[str, TrackerArtifact]:
+        skipped: list[str] = []
+        entries = await self._read_dir(
+            self._path(run_id, ARTIFACTS_DIR), lambda _, d: _parse_artifact(d), skipped
+        )
+        self._warn(skipped)
+        return {a.name: a for a in entries}
+
+    async def _edges(self, run_id: str, category: str) -> list[TrackerSource]:
+        skipped: list[str] = []
+
+        def parse(name: str, data: bytes) -> list[TrackerSource]:
+            other = decode_run_id(name)
+            if other is None:
+                raise ValueError(name)
+            lines = data.decode("utf-8").splitlines()
+            names = list(dict.fromkeys(line.strip() for line in lines))
+            if not names:
+                names = [""]
+            return [TrackerSource(other, n or None) for n in names]
+
+        groups = await self._read_dir(self._path(run_id, category), parse, skipped)
+        self._warn(skipped)
+        return [s for g in groups for s in g]
+
+    async def sources(
+        self, run_id: str, artifact_name: str | None = None
+    ) -> Iterable[TrackerSource]:
+        edges = await self._edges(run_id, SOURCES_DIR)
+        if artifact_name is None:
+            return edges
+        return [s for s in edges if s.artifact_name == artifact_name]
+
+    async def lineage(self, run_id: str) -> Lineage:
+        return Lineage(
+            run_id,
+            parents=await self._edges(run_id, SOURCES_DIR),
+            descendants=await self._edges(run_id, DESCENDANTS_DIR),
+        )
+
+    async def run_ids(self, **kwargs: str) -> Iterable[str]:
+        parent = kwargs.get("parent_run_id")
+        ids: list[str] = []
+        foreign: list[str] = []
+        for name, kind in await self._storage.ls(self.root_dir):
+            run_id = decode_run_id(name) if kind == "directory" else None
+            if run_id is None:
+                foreign.append(name)
+                continue
+            if parent is not None and not await self._storage.exists(
+                self._path(run_id, SOURCES_DIR, encode_run_id(parent))
+            ):
+                continue
+            ids.append(run_id)
+        self._warn(foreign)
+        return ids
+
+    async def metrics(self, run_id: str) -> Mapping[str, Sequence[TrackerMetric]]:
+        skipped: list[str] = []
+        segments = await self._read_dir(
+            self._path(run_id, METRICS_DIR), lambda _, d: _parse_segment(d), skipped
+        )
+        self._warn(skipped)
+        points: dict[str, list[TrackerMetric]] = {}
+        for segment in segments:
+            for name, seg_points in segment.items():
+                points.setdefault(name, []).extend(seg_points)
+        return {name: sort_points(p) for name, p in points.items()}
+
+    def __repr__(self) -> str:
+        return f"AsyncFsspecTracker({type(self.fs).__name__}, {self.root_dir!r})"
+
+
+def _as_dict(value: object) -> dict[str, object]:
+    if not isinstance(value, dict):
+        raise TypeError("metadata file does not hold a mapping")
+    return value
+
+
+def _parse_artifact(data: bytes) -> TrackerArtifact:
+    entry = json.loads(data)
+    meta = entry.get("metadata")
+    if meta is not None and not isinstance(meta, dict):
+        raise TypeError("artifact metadata is not a mapping")
+    return TrackerArtifact(str(entry["name"]), str(entry["path"]), meta)
+
+
+def _parse_segment(data: bytes) -> dict[str, list[TrackerMetric]]:
+    out: dict[str, list[TrackerMetric]] = {}
+    for line in data.decode("utf-8").splitlines():
+        if not line.strip():
+            continue
+        col = json.loads(line)
+        name = col["name"]
+        if not isinstance(name, str):
+            raise TypeError("metric name is not a string")
+        steps, values, times = col["step"], col["value"], col["time"]
+        if not len(steps) == len(values) == len(times):
+            raise ValueError("segment columns differ in length")
+        out.setdefault(name, []).extend(
+            TrackerMetric(name, float(v), int(s), float(t))
+            for s, v, t in zip(steps, values, times)
+        )
+    return out
+
+
+class FsspecTracker(SyncTracker):
+    """torchx's ``FsspecTracker(fs, root_dir)``: the blocking face of :class:`AsyncFsspecTracker`.
+
+    Unlike torchx's, the root directory need not exist yet: it is created on first write.
+    """
+
+    def __init__(self, fs: fsspec.AbstractFileSystem, root_dir: str) -> None:
+        super().__init__(AsyncFsspecTracker(fs, root_dir))
+
+    def __repr__(self) -> str:
+        tracker = self.async_tracker
+        assert isinstance(tracker, AsyncFsspecTracker)
+        return f"<FsspecTracker: root_path={tracker.root_dir}>"
+
+
+# -- torchx's config file --------------------------------------------------------------------
+
+
+def _put_config(config: dict[str, Any], key: str, value: object, where: str) -> None:
+    parts = key.split(".")
+    if any(not p for p in parts):
+        raise TrackerConfigError(f"{where}: malformed key {key!r}")
+    node = config
+    for part in parts[:-1]:
+        child = node.setdefault(part, {})
+        if not isinstance(child, dict):
+            raise TrackerConfigError(f"{where}: key {key!r} conflicts with a value set earlier")
+        node = child
+    node[parts[-1]] = value
+
+
+def _config_value(raw: str) -> object:
+    # fsspec filesystems want booleans, not the strings "true"/"false" (which are truthy).
+    low = raw.lower()
+    if low in ("true", "false"):
+        return low == "true"
+    return raw
+
+
+def read_config(config_file: str) -> dict[str, Any]:
+    """Reads torchx's ``key=value`` tracker config: ``#`` comments, dotted keys nest.
+
+    Values are never logged nor put in error messages: configs hold credentials.
+    """
+    try:
+        with fsspec.open(config_file, "rt", encoding="utf-8") as f:
+            text = f.read()
+    except (OSError, ValueError) as exc:
+        raise TrackerConfigError(f"cannot read tracker config {config_file!r}: {exc}") from exc
+    config: dict[str, Any] = {}
+    for lineno, line in enumerate(text.splitlines(), 1):
+        stripped = line.strip()
+        if not stripped or stripped.startswith(("#", ";")):
+            continue
+        key, sep, value = stripped.partition("=")
+        where = f"{config_file}, line {lineno}"
+        if not sep or not key.strip():
+            raise TrackerConfigError(f"{where}: expected key=value")
+        _put_config(config, key.strip(), _config_value(value.strip()), where)
+    return config
+
+
+def create(config_file: str | None) -> FsspecTracker:
+    """The ``fsspec`` factory: a tracker from torchx's config file.
+
+    The file needs ``protocol`` (``file``, ``memory``, ``s3`` ...) and ``root_path``; every
+    other key goes to ``fsspec.filesystem`` (``client_kwargs.endpoint_url=...`` nests).
+    """
+    if not config_file:
+        raise TrackerConfigError(
+            "the fsspec tracker needs a config file (TORCHX_TRACKER_FSSPEC_CONFIG) "
+            "with 'protocol' and 'root_path'"
+        )
+    config = read_config(config_file)
+    missing = [k for k in ("protocol", "root_path") if k not in config]
+    if missing:
+        raise TrackerConfigError(
+            f"tracker config {config_file!r} lacks {' and '.join(repr(k) for k in missing)}"
+        )
+    protocol = config.pop("protocol")
+    root = config.pop("root_path")
+    try:
+        fs = fsspec.filesystem(protocol, **config)
+    except (ImportError, ValueError, TypeError) as exc:
+        raise TrackerConfigError(
+            f"tracker config {config_file!r}: cannot create the {protocol!r} filesystem "
+            f"({type(exc).__name__}; options given: {sorted(config)})"
+        ) from exc
+    return FsspecTracker(fs, str(root))
