@@ -12,7 +12,8 @@ from tenacity import (
     RetryCallState,
     retry_if_exception,
     stop_after_attempt,
-    wait_exponential_jitter,
+    wait_exponential,
+    wait_random,
 )
 
 from async_tracker.errors import is_transient
@@ -58,9 +59,8 @@ async def retry_call(
 
     retrying = AsyncRetrying(
         stop=stop_after_attempt(policy.max_attempts),
-        wait=wait_exponential_jitter(
-            initial=policy.initial_backoff_s, max=policy.max_backoff_s, jitter=policy.jitter_s
-        ),
+        wait=wait_exponential(multiplier=policy.initial_backoff_s, max=policy.max_backoff_s)
+        + wait_random(0, policy.jitter_s),
         retry=retry_if_exception(is_transient),
         # anyio.sleep, not asyncio.sleep: a cancelled close() must interrupt the wait.
         sleep=anyio.sleep,
