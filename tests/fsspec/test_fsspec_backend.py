@@ -1,0 +1,259 @@
+"""The fsspec backend: layout, batching, atomicity, foreign and corrupt files, config files."""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import posixpath
+from pathlib import Path
+
+import fsspec
+import pytest
+
+from async_tracker import AppRun, TrackerConfigError, TrackerSource
+from async_tracker.backend.fsspec import (
+    AsyncFsspecTracker,
+    FsspecTracker,
+    create,
+    decode_run_id,
+    encode_run_id,
+    read_config,
+)
+
+RUN = "local://session/app-1"
+
+
+def files(root: Path, run_id: str, category: str) -> list[str]:
+    d = root / encode_run_id(run_id) / category
+    return sorted(p.name for p in d.iterdir()) if d.exists() else []
+
+
+@pytest.fixture
+def root(tmp_path: Path) -> Path:
+    return tmp_path / "store"
+
+
+@pytest.fixture
+def tracker(root: Path) -> FsspecTracker:
+    return FsspecTracker(fsspec.filesystem("file"), str(root))
+
+
+def test_run_dir_is_torchx_base32(root: Path, tracker: FsspecTracker) -> None:
+    tracker.add_metadata(RUN, a=1)
+    (entry,) = list(root.iterdir())
+    assert entry.name == "NRXWGYLMHIXS643FONZWS33OF5QXA4BNGE======"
+    assert decode_run_id(entry.name) == RUN
+
+
+def test_one_flush_writes_a_handful_of_files(root: Path, tracker: FsspecTracker) -> None:
+    with AppRun(RUN, [tracker], batch_size=100_000) as run:
+        run.add_metadata(lr=0.1)
+        run.add_metadata(lr=0.2, bs=32)
+        run.add_artifact("model", "/m1")
+        run.add_artifact("model", "/m2")
+        for step in range(20_000):
+            run.log_metrics({"loss": 1.0 / (step + 1), "acc": step / 20_000}, step=step)
+        report = run.flush()
+        assert report.ok and report.delivered == 40_004
+        assert len(files(root, RUN, "metadata")) == 1
+        assert len(files(root, RUN, "metrics")) == 1
+        assert len(files(root, RUN, "artifacts")) == 1
+        assert run.metadata() == {"lr": 0.2, "bs": 32}
+        assert run.artifacts()["model"].path == "/m2"
+        points = run.metrics()
+        assert [p.step for p in points["loss"]] == list(range(20_000))
+
+
+def test_metadata_keeps_one_file_per_process_so_any_listing_order_reads_last_write(
+    root: Path, tracker: FsspecTracker
+) -> None:
+    # torchx's reader merges files in listing order (hash order on local disks): with one
+    # cumulative file per process, that order cannot matter.
+    with AppRun(RUN, [tracker]) as run:
+        for i in range(30):
+            run.add_metadata(epoch=i, **{f"k{i}": i})
+            run.flush()
+        (name,) = files(root, RUN, "metadata")
+        content = json.loads((root / encode_run_id(RUN) / "metadata" / name).read_text())
+        assert content["metadata"]["epoch"] == 29
+        assert content["metadata"]["k0"] == 0
+
+
+def test_metrics_segments_are_new_files_never_appended(root: Path, tracker: FsspecTracker) -> None:
+    with AppRun(RUN, [tracker]) as run:
+        seen: list[str] = []
+        for i in range(5):
+            run.log_metric("loss", float(i), step=i)
+            run.flush()
+            now = files(root, RUN, "metrics")
+            assert set(seen) < set(now)  # old segments stay, a new one appears
+            for name in seen:
+                assert (root / encode_run_id(RUN) / "metrics" / name).stat().st_size > 0
+            seen = now
+        assert len(seen) == 5
+        assert seen == sorted(seen)
+
+
+def test_nan_and_infinities_round_trip(tracker: FsspecTracker) -> None:
+    with AppRun(RUN, [tracker]) as run:
+        run.log_metric("x", float("nan"), step=0)
+        run.log_metric("x", math.inf, step=1)
+        run.log_metric("x", -math.inf, step=2)
+        values = [p.value for p in run.metrics()["x"]]
+    assert math.isnan(values[0]) and values[1:] == [math.inf, -math.inf]
+
+
+def test_sources_append_without_repeats_and_descendants(root: Path, tracker: FsspecTracker) -> None:
+    tracker.add_source(RUN, "parent", None)
+    tracker.add_source(RUN, "parent", "ckpt")
+    tracker.add_source(RUN, "parent", "ckpt")
+    text = (root / encode_run_id(RUN) / "sources" / encode_run_id("parent")).read_text()
+    assert text == "\nckpt\n"
+    assert list(tracker.sources(RUN, "ckpt")) == [TrackerSource("parent", "ckpt")]
+    assert set(map(tuple, map(lambda s: (s.source_run_id, s.artifact_name), tracker.sources(RUN)))) == {
+        ("parent", None),
+        ("parent", "ckpt"),
+    }
+    lineage = tracker.lineage("parent")
+    assert {(d.source_run_id, d.artifact_name) for d in lineage.descendants} == {
+        (RUN, None),
+        (RUN, "ckpt"),
+    }
+    assert list(tracker.run_ids(parent_run_id="parent")) == [RUN]
+
+
+def test_non_ascii_run_id(tracker: FsspecTracker) -> None:
+    run_id = "local://sess/entraînement-模型"
+    tracker.add_metadata(run_id, a="é")
+    assert tracker.metadata(run_id) == {"a": "é"}
+    assert run_id in list(tracker.run_ids())
+
+
+def test_foreign_and_corrupt_files_are_skipped_with_one_warning(
+    root: Path, tracker: FsspecTracker, caplog: pytest.LogCaptureFixture
+) -> None:
+    tracker.add_metadata(RUN, a=1)
+    tracker.add_artifact(RUN, "model", "/m")
+    run_dir = root / encode_run_id(RUN)
+    (run_dir / "metadata" / "0000-corrupt").write_text("{not json")
+    (run_dir / "metadata" / "0001-wrong-shape").write_text('{"metadata": [1, 2]}')
+    (run_dir / "metadata" / "a-directory").mkdir()
+    (run_dir / "artifacts" / "zzz").write_text('{"no": "name"}')
+    (run_dir / "metrics").mkdir(exist_ok=True)
+    (run_dir / "metrics" / "bad.jsonl").write_text('{"name": "x", "step": [1], "value": []}\n')
+    (root / "not-base32!").mkdir()
+    (root / "README.txt").write_text("hello")
+    with caplog.at_level(logging.WARNING, logger="async_tracker"):
+        assert tracker.metadata(RUN) == {"a": 1}
+        assert caplog.text.count("skipped 3 entries") == 1
+        assert list(tracker.artifacts(RUN)) == ["model"]
+        assert tracker.metrics(RUN) == {}
+        assert list(tracker.run_ids()) == [RUN]
+
+
+def test_reads_of_an_unknown_run_are_empty(tracker: FsspecTracker) -> None:
+    assert tracker.metadata("nope") == {}
+    assert tracker.artifacts("nope") == {}
+    assert list(tracker.sources("nope")) == []
+    assert tracker.metrics("nope") == {}
+    assert list(tracker.run_ids()) == []
+
+
+def test_staged_writes_leave_no_partial_files(root: Path, tracker: FsspecTracker) -> None:
+    with AppRun(RUN, [tracker]) as run:
+        run.add_metadata(a=1)
+        run.log_metric("m", 1.0)
+        run.flush()
+    tmp = root / encode_run_id(RUN) / ".tmp"
+    assert not tmp.exists() or list(tmp.iterdir()) == []
+
+
+def test_memory_filesystem() -> None:
+    fs = fsspec.filesystem("memory")
+    root = "/at-test-" + RUN.replace("/", "_")
+    tracker = FsspecTracker(fs, root)
+    with AppRun(RUN, [tracker]) as run:
+        run.add_metadata(a=1)
+        run.log_metric("m", 2.0, step=3)
+        assert run.metadata() == {"a": 1}
+        assert run.metrics()["m"][0].step == 3
+    fs.rm(root, recursive=True)
+
+
+# -- config files -------------------------------------------------------------------------------
+
+
+def write(tmp_path: Path, text: str) -> str:
+    p = tmp_path / "tracker.cfg"
+    p.write_text(text)
+    return str(p)
+
+
+def test_config_nested_keys_comments_and_booleans(tmp_path: Path) -> None:
+    cfg = write(
+        tmp_path,
+        "# a comment = with an equals sign\n"
+        "; another = comment\n"
+        "\n"
+        "protocol = file\n"
+        f"root_path = {tmp_path}/runs\n"
+        "client_kwargs.endpoint_url = http://x:1/?a=b\n"
+        "client_kwargs.nested.deep = 2\n"
+        "auto_mkdir = true\n",
+    )
+    assert read_config(cfg) == {
+        "protocol": "file",
+        "root_path": f"{tmp_path}/runs",
+        "client_kwargs": {"endpoint_url": "http://x:1/?a=b", "nested": {"deep": "2"}},
+        "auto_mkdir": True,
+    }
+
+
+def test_config_creates_a_working_tracker(tmp_path: Path) -> None:
+    cfg = write(tmp_path, f"protocol=file\nroot_path={tmp_path}/runs\n")
+    tracker = create(cfg)
+    tracker.add_metadata(RUN, x=1)
+    assert tracker.metadata(RUN) == {"x": 1}
+    assert isinstance(tracker.async_tracker, AsyncFsspecTracker)
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("root_path=/x\n", "lacks 'protocol'"),
+        ("protocol=file\n", "lacks 'root_path'"),
+        ("", "lacks 'protocol' and 'root_path'"),
+        ("protocol=file\nroot_path=/x\nthis line is broken\n", "line 3: expected key=value"),
+        ("protocol=file\nroot_path=/x\na.=1\n", "malformed key"),
+    ],
+)
+def test_config_errors_are_clear(tmp_path: Path, text: str, message: str) -> None:
+    with pytest.raises(TrackerConfigError, match=message):
+        create(write(tmp_path, text))
+
+
+def test_config_errors_never_show_credentials(tmp_path: Path) -> None:
+    cfg = write(tmp_path, "protocol=nosuchprotocol\nroot_path=/x\nsecret=hunter2-SECRET\n")
+    with pytest.raises(TrackerConfigError) as info:
+        create(cfg)
+    assert "hunter2" not in str(info.value)
+    assert "secret" in str(info.value)  # the key is named, not its value
+
+
+def test_missing_config_file(tmp_path: Path) -> None:
+    with pytest.raises(TrackerConfigError, match="cannot read tracker config"):
+        create(str(tmp_path / "absent.cfg"))
+    with pytest.raises(TrackerConfigError, match="needs a config file"):
+        create(None)
+
+
+def test_names_sort_into_write_order_across_runs(tmp_path: Path) -> None:
+    fs = fsspec.filesystem("file")
+    tracker = AsyncFsspecTracker(fs, str(tmp_path))
+    from async_tracker.backend.fsspec import _names
+
+    names = [_names.new() for _ in range(1000)]
+    assert names == sorted(names)
+    assert len(set(names)) == 1000
+    assert posixpath.basename(tracker.root_dir) == tmp_path.name
