@@ -1,0 +1,3 @@
+from async_tracker.cli.main import main
+
+raise SystemExit(main())

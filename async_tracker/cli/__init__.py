@@ -1,0 +1,1 @@
+"""The ``async-tracker`` command (also ``python -m async_tracker``)."""
