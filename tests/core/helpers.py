@@ -1,0 +1,90 @@
+"""Helpers for the core tests: retry policy without waits, child interpreters and their pipes."""
+
+from __future__ import annotations
+
+import os
+import select
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from async_tracker import RetryPolicy
+
+REPO = Path(__file__).resolve().parents[2]
+
+# Retries without waiting; a parked lane waits for flush()/close(), not for its cooldown.
+FAST_RETRY = RetryPolicy(
+    max_attempts=3, initial_backoff_s=0, max_backoff_s=0, jitter_s=0, cooldown_s=3600
+)
+
+
+def python_env(**extra: str) -> dict[str, str]:
+    """The environment of a child interpreter that imports this checkout and ``tests``."""
+    env = {
+        k: v for k, v in os.environ.items() if not k.startswith(("TORCHX_", "ASYNC_TRACKER_"))
+    }
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    env["PYTHONUNBUFFERED"] = "1"
+    env.update(extra)
+    return env
+
+
+class Child:
+    """``python -c script args...`` with pipes, read line by line with deadlines (select on
+    the pipe: the test waits for what the child says, never for a fixed time)."""
+
+    def __init__(self, script: str, *args: str, **env: str) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", script, *args],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            cwd=REPO,
+            env=python_env(**env),
+        )
+        assert self.proc.stdout is not None
+        self._fd = self.proc.stdout.fileno()
+        self._buf = b""
+
+    def readline(self, timeout: float = 20.0) -> str:
+        """The child's next stdout line; AssertionError (with its stderr) if none comes."""
+        deadline = time.monotonic() + timeout
+        while b"\n" not in self._buf:
+            left = deadline - time.monotonic()
+            ready, _, _ = select.select([self._fd], [], [], max(0.0, left))
+            if not ready:
+                self.kill()
+                raise AssertionError(f"no line from the child in {timeout} s; {self.stderr()}")
+            chunk = os.read(self._fd, 65536)
+            if not chunk:
+                raise AssertionError(f"the child closed stdout early; {self.stderr()}")
+            self._buf += chunk
+        line, _, self._buf = self._buf.partition(b"\n")
+        return line.decode()
+
+    def wait(self, timeout: float = 20.0) -> int:
+        """The exit code; AssertionError if the child is still alive after ``timeout``."""
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            message = f"the child did not exit in {timeout} s; {self.stderr()}"
+            raise AssertionError(message) from None
+
+    def stderr(self) -> str:
+        if self.proc.poll() is None:
+            return "stderr: (child still running)"
+        assert self.proc.stderr is not None
+        return "stderr:\n" + self.proc.stderr.read().decode(errors="replace")
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+    def close(self) -> None:
+        self.kill()
+        for f in (self.proc.stdin, self.proc.stdout, self.proc.stderr):
+            if f is not None:
+                f.close()
