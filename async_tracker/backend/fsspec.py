@@ -394,11 +394,15 @@ class AsyncFsspecTracker(AsyncTrackerBase):
             self._path(run_id, METRICS_DIR), lambda _, d: _parse_segment(d), skipped
         )
         self._warn(skipped)
-        points: dict[str, list[TrackerMetric]] = {}
+        # Keyed by (step, client timestamp): a point written twice (a retry whose first try
+        # reached the store after all) is one point.
+        points: dict[str, dict[tuple[int, float], TrackerMetric]] = {}
         for segment in segments:
             for name, seg_points in segment.items():
-                points.setdefault(name, []).extend(seg_points)
-        return {name: sort_points(p) for name, p in points.items()}
+                store = points.setdefault(name, {})
+                for p in seg_points:
+                    store[(p.step, p.timestamp)] = p
+        return {name: sort_points(list(p.values())) for name, p in points.items()}
 
     def __repr__(self) -> str:
         return f"AsyncFsspecTracker({type(self.fs).__name__}, {self.root_dir!r})"

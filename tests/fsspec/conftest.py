@@ -14,7 +14,6 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
-import fsspec
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
@@ -73,11 +72,11 @@ def _s3_credentials() -> None:
 def s3_config(s3_endpoint: str, tmp_path: Path) -> str:
     """A torchx-style config file for a fresh bucket on the S3 server, with nested keys."""
     bucket = f"b-{uuid.uuid4().hex[:12]}"
-    fs = fsspec.filesystem(
-        "s3", key="testing", secret="testing", skip_instance_cache=True,
-        client_kwargs={"endpoint_url": s3_endpoint, "region_name": "us-east-1"},
-    )
-    fs.mkdir(bucket)
+    boto3 = pytest.importorskip("boto3")
+    boto3.client(
+        "s3", endpoint_url=s3_endpoint, region_name="us-east-1",
+        aws_access_key_id="testing", aws_secret_access_key="testing",
+    ).create_bucket(Bucket=bucket)
     cfg = tmp_path / "s3.cfg"
     cfg.write_text(
         "# S3 API server started by the tests\n"

@@ -1,0 +1,56 @@
+"""The backend conformance suite on fsspec: local disk, fsspec's memory filesystem, and S3
+(a real S3 API server, moto's, through s3fs), the last configured through ``create()``."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import fsspec
+import pytest
+
+from async_tracker import AppRun, AsyncTrackerBase
+from async_tracker.backend.fsspec import AsyncFsspecTracker, create
+from tests.conformance import BackendConformance
+
+
+class TestFsspecFile(BackendConformance):
+    @pytest.fixture
+    def backend(self, tmp_path: Path) -> AsyncTrackerBase:
+        return AsyncFsspecTracker(fsspec.filesystem("file"), str(tmp_path / "store"))
+
+
+class TestFsspecMemory(BackendConformance):
+    @pytest.fixture
+    def backend(self) -> Iterator[AsyncTrackerBase]:
+        fs = fsspec.filesystem("memory")
+        root = f"/conformance-{uuid.uuid4().hex}"
+        yield AsyncFsspecTracker(fs, root)
+        if fs.exists(root):
+            fs.rm(root, recursive=True)
+
+
+class TestFsspecS3(BackendConformance):
+    @pytest.fixture
+    def backend(self, s3_config: str) -> AsyncTrackerBase:
+        tracker = create(s3_config).async_tracker
+        assert type(tracker.fs).__name__ == "S3FileSystem"
+        return tracker
+
+
+def test_s3_batches_are_a_handful_of_objects(s3_config: str) -> None:
+    tracker = create(s3_config)
+    fs = tracker.async_tracker.fs  # type: ignore[attr-defined]
+    root = tracker.async_tracker.root_dir  # type: ignore[attr-defined]
+    with AppRun("s3://job/run", [tracker], batch_size=50_000) as run:
+        run.add_metadata(a=1)
+        for step in range(10_000):
+            run.log_metrics({"loss": 1.0, "acc": 0.5}, step=step)
+        report = run.flush()
+        assert report.ok and report.delivered == 20_001
+        assert len(run.metrics()["loss"]) == 10_000
+    fs.invalidate_cache()
+    objects = [p for p in fs.find(root)]
+    # One metadata file and one metrics segment: never one object per record.
+    assert len(objects) == 2, objects
