@@ -3,7 +3,8 @@
 ``TrackerBase`` keeps exactly torchx's eight abstract methods and signatures, so that existing
 backends plug in unchanged. ``AsyncTrackerBase`` has the same eight as coroutines, plus
 metrics, a bulk ``write_batch`` and ``aclose``. ``AppRun`` talks to every backend through the
-async interface: plain ``TrackerBase`` objects are wrapped by :func:`async_tracker.adapters.as_async`.
+async interface: plain ``TrackerBase`` objects are wrapped by
+:func:`async_tracker.adapters.as_async`.
 """
 
 from __future__ import annotations
@@ -155,7 +156,7 @@ class AsyncTrackerBase(ABC):
             await self.add_metrics(run_id, batch.metrics)
             batch.done.add("metrics")
 
-    async def aclose(self) -> None:
+    async def aclose(self) -> None:  # noqa: B027 - optional, not abstract
         """Releases the backend's resources. ``AppRun.close()`` calls it for the backends the
         run built itself (from ``TORCHX_TRACKERS``); close backends you built yourself."""
 

@@ -13,7 +13,6 @@ import logging
 import os
 from collections.abc import Callable, Mapping
 from importlib.metadata import entry_points
-from typing import Union
 
 from async_tracker.base import AsyncTrackerBase, TrackerBase
 from async_tracker.errors import TrackerConfigError
@@ -26,8 +25,8 @@ ENV_TORCHX_JOB_ID = "TORCHX_JOB_ID"
 UNDEFINED_JOB_ID = "<UNDEFINED>"
 ENTRY_POINT_GROUPS = ("async_tracker.tracker", "torchx.tracker")
 
-AnyTracker = Union[TrackerBase, AsyncTrackerBase]
-Factory = Callable[[Union[str, None]], AnyTracker]
+AnyTracker = TrackerBase | AsyncTrackerBase
+Factory = Callable[[str | None], AnyTracker]
 
 
 def tracker_config_env_var_name(entrypoint_key: str) -> str:
@@ -66,7 +65,7 @@ def load_factory(name: str) -> Factory:
 def _callable(name: str, obj: object, where: str) -> Factory:
     if not callable(obj):
         raise TrackerConfigError(f"tracker {name!r}: {where} is not callable ({obj!r})")
-    return obj  # type: ignore[return-value]
+    return obj
 
 
 def build_named_trackers(

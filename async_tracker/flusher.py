@@ -270,7 +270,9 @@ class RunFlusher:
             while not lane.settled():
                 await lane.wait_progress()
 
-    async def flush(self, timeout: float | None = None, lanes: Sequence[Lane] | None = None) -> FlushReport:
+    async def flush(
+        self, timeout: float | None = None, lanes: Sequence[Lane] | None = None
+    ) -> FlushReport:
         """Cuts what is buffered and waits until each lane has delivered it or given up."""
         self.cut()
         with anyio.move_on_after(math.inf if timeout is None else timeout) as scope:

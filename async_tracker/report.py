@@ -67,7 +67,9 @@ class FlushReport:
             pending=sum(s.buffered + s.in_flight for s in b),
             spooled=sum(s.spooled for s in b),
             dropped=sum(s.dropped for s in b),
-            errors={s.name: s.last_error for s in b if s.last_error and (s.dropped or not s.healthy)},
+            errors={
+                s.name: s.last_error for s in b if s.last_error and (s.dropped or not s.healthy)
+            },
             spool_paths={s.name: s.spool_path for s in b if s.spool_path and s.spooled},
             timed_out=timed_out,
         )

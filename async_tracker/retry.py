@@ -50,8 +50,9 @@ async def retry_call(
     fn: Callable[..., Awaitable[T]],
     *args: Any,
 ) -> T:
-    """Awaits ``fn(*args)`` (a coroutine function) until it succeeds, raises a permanent error, or the attempts run out
-    (then the last error is raised). ``on_retry`` sees each error that will be retried."""
+    """Awaits ``fn(*args)`` (a coroutine function) until it succeeds, raises a permanent
+    error, or the attempts run out (then the last error is raised). ``on_retry`` sees each
+    error that will be retried."""
 
     def before_sleep(state: RetryCallState) -> None:
         if state.outcome is not None and (exc := state.outcome.exception()) is not None:

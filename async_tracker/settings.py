@@ -55,7 +55,7 @@ class RunOptions:
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> RunOptions:
-        """Options from ``ASYNC_TRACKER_FLUSH_INTERVAL``, ``..._BATCH_SIZE``, ``..._DURABLE=1`` ..."""
+        """Options from ``ASYNC_TRACKER_FLUSH_INTERVAL``, ``..._DURABLE=1`` ..."""
         env = os.environ if environ is None else environ
         values: dict[str, object] = {}
         for f in fields(cls):
