@@ -45,7 +45,8 @@ from async_tracker.factory import (
     build_named_trackers,
     trackers_config_from_environ,
 )
-from async_tracker.flusher import Lane, RunFlusher, get_flusher
+from async_tracker.flusher import RunFlusher, get_flusher
+from async_tracker.lane import Lane
 from async_tracker.loop import get_loop
 from async_tracker.records import (
     Lineage,
@@ -134,7 +135,9 @@ class AppRun:
         )
         self._async_backends = [as_async(b) for b in self.backends]
         self._names = _unique_names(
-            list(_backend_names) if _backend_names else [backend_name(b) for b in self._async_backends]
+            list(_backend_names)
+            if _backend_names
+            else [backend_name(b) for b in self._async_backends]
         )
         self._owns_backends = _owns_backends
         self._clock = clock
@@ -208,7 +211,9 @@ class AppRun:
     def log_metrics(self, metrics: Mapping[str, float], step: int | None = None) -> None:
         """Records several metrics at one step and time. All are checked before any is kept."""
         if not isinstance(metrics, Mapping):
-            raise TypeError(f"metrics must be a mapping of name to value, got {type(metrics).__name__}")
+            raise TypeError(
+                f"metrics must be a mapping of name to value, got {type(metrics).__name__}"
+            )
         points = [check_metric(k, v, step) for k, v in metrics.items()]
         now = self._clock()
         append = self._append
@@ -251,6 +256,7 @@ class AppRun:
     def flush(self, timeout: float | None = None) -> FlushReport:
         """Delivers everything written so far, waiting at most ``timeout`` seconds (None:
         until each backend has delivered or exhausted its retries)."""
+        self._check_open()
         if self._flusher is None:
             return self._idle_report()
         try:
@@ -260,9 +266,16 @@ class AppRun:
 
     async def aflush(self, timeout: float | None = None) -> FlushReport:
         """``flush()`` for async callers: awaits the tracker loop, never blocks this loop."""
+        self._check_open()
         if self._flusher is None:
             return self._idle_report()
         return await _await_on_tracker_loop(self._flusher.flush, timeout)
+
+    def _check_open(self) -> None:
+        # After close() the lanes are stopped: a flush would wait for lanes that no longer
+        # run (forever, when close() left a batch behind a hung backend).
+        if self.closed:
+            raise TrackerClosedError(f"run {self.id!r} is closed; flush() needs an open run")
 
     def _start_close(self, timeout: float) -> Callable[[float], FlushReport]:
         """Begins closing and returns a function that waits for the report. Split so that

@@ -4,7 +4,9 @@
   async backend) that applies an :class:`Action` to chosen calls of chosen methods (by call
   number, or always), and records every call with its outcome. ``write_batch`` is the base
   class's replay, so faults scheduled on ``add_metadata`` / ``add_artifact`` / ``add_source`` /
-  ``add_metrics`` hit the parts of a batch one by one; ``write_batch`` itself can fail too::
+  ``add_metrics`` hit the parts of a batch one by one; ``write_batch`` itself can fail too.
+  Actions: :class:`Raise` (:func:`transient`, :func:`permanent`), :class:`Hang`,
+  :class:`BlockLoop`, :class:`Slow`::
 
       faulty = FaultyTracker(name="flaky")
       faulty.on("add_metadata", 1, 2, action=transient())   # first two calls fail
@@ -109,6 +111,20 @@ class Hang(Action):
         elif not self.release.is_set():
             await anyio.to_thread.run_sync(self.release.wait, abandon_on_cancel=True)
         call.outcome = "running"
+
+
+@dataclass
+class BlockLoop(Action):
+    """Blocks the thread the call runs on (the tracker loop itself) until ``release`` is set:
+    an async backend that calls a blocking library by mistake. Always set ``release`` at the
+    end of the test: the loop is shared by the whole process."""
+
+    release: threading.Event
+    entered: threading.Event = field(default_factory=threading.Event)
+
+    async def apply(self, call: Call) -> None:
+        self.entered.set()
+        self.release.wait()
 
 
 @dataclass

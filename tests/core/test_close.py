@@ -1,0 +1,212 @@
+"""close(timeout) is bounded whatever the backends do, and the process still exits promptly.
+
+Elapsed times are checked against the contract (the timeout plus ``CLOSE_SLACK_S``) with a
+generous margin for slow machines: they test that close() does not wait for a hung backend,
+not how fast it is.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+
+import pytest
+
+from async_tracker import AppRun, FlushReport, TrackerClosedError
+from async_tracker.backend.memory import InMemoryTracker
+from async_tracker.settings import CLOSE_SLACK_S
+from tests.core.helpers import Child
+from tests.faulty import BlockLoop, FaultyTracker, Hang, HangingTracker
+
+MakeRun = Callable[..., AppRun]
+MARGIN_S = 1.5
+
+
+@pytest.fixture
+def release() -> Iterator[threading.Event]:
+    """An event that ends the hangs of a test when it is over (set even if the test fails)."""
+    event = threading.Event()
+    yield event
+    event.set()
+
+
+def timed_close(run: AppRun, timeout: float) -> tuple[float, FlushReport]:
+    start = time.monotonic()
+    report = run.close(timeout=timeout)
+    return time.monotonic() - start, report
+
+
+def test_close_with_a_sync_backend_hanging_in_its_thread(
+    make_run: MakeRun, release: threading.Event
+) -> None:
+    hung = HangingTracker(release=release, name="hung")
+    mem = InMemoryTracker(name="mem")
+    run = make_run("r", [hung, mem])
+    run.add_metadata(a=1)
+    run.log_metric("x", 1.0)
+    elapsed, report = timed_close(run, 0.3)
+    assert elapsed < 0.3 + CLOSE_SLACK_S + MARGIN_S
+    assert hung.entered.is_set()  # it really was stuck in its thread
+    assert report.timed_out
+    # The hung backend has no metric method: it holds 1 record, the other delivered 2.
+    assert report.pending == 1 and report.delivered == 2
+    assert not report.ok
+    assert mem.runs["r"].metadata == {"a": 1}
+    status = run.status()
+    assert status.closed and status.backends["hung"].in_flight == 1
+    with pytest.raises(TrackerClosedError):
+        run.log_metric("x", 2.0)
+    # Releasing the thread afterwards changes nothing: the lane was abandoned.
+    release.set()
+    assert run.close() is report
+
+
+def test_close_with_an_async_backend_awaiting_forever(make_run: MakeRun) -> None:
+    hang = Hang()  # forever
+    stuck = FaultyTracker(name="stuck").always("write_batch", hang)
+    mem = InMemoryTracker(name="mem")
+    run = make_run("r", [stuck, mem])
+    for i in range(10):
+        run.log_metric("x", float(i), step=i)
+    elapsed, report = timed_close(run, 0.3)
+    assert elapsed < 0.3 + CLOSE_SLACK_S + MARGIN_S
+    assert hang.entered.is_set()
+    assert report.pending == 10 and report.delivered == 10
+    # The hung call was cancelled, not left running on the loop.
+    assert stuck.wait_for("write_batch", 1, outcome="cancelled")
+    assert len(mem.points("r", "x")) == 10
+
+
+def test_close_with_endless_transient_failures(make_run: MakeRun) -> None:
+    down = FaultyTracker(name="down").always("add_metadata", Hang())
+    run = make_run("r", [down])
+    run.add_metadata(a=1)
+    elapsed, report = timed_close(run, 0.2)
+    assert elapsed < 0.2 + CLOSE_SLACK_S + MARGIN_S
+    assert report.pending == 1
+
+
+def test_close_with_a_backend_blocking_the_tracker_loop(
+    make_run: MakeRun, release: threading.Event
+) -> None:
+    # An async backend that calls a blocking library by mistake stops the whole tracker
+    # loop. close() must still answer on time, and other runs' writes must not block.
+    block = BlockLoop(release)
+    blocker = FaultyTracker(name="blocker").on("add_metadata", 1, action=block)
+    run = make_run("r", [blocker])
+    run.add_metadata(a=1)
+    run.flush(timeout=0)  # hands the batch to the lane, which then blocks the loop
+    assert block.entered.wait(10)
+    try:
+        elapsed, report = timed_close(run, 0.2)
+        assert elapsed < 0.2 + CLOSE_SLACK_S + MARGIN_S
+        assert report.timed_out and not report.ok
+
+        other = make_run("other", [InMemoryTracker()])
+        start = time.monotonic()
+        other.add_metadata(b=2)  # the first write of a run must not wait for the loop
+        other.log_metric("y", 1.0)
+        assert time.monotonic() - start < MARGIN_S
+    finally:
+        release.set()
+    assert other.flush().ok
+    assert other.metadata() == {"b": 2}
+
+
+def test_flush_with_timeout_reports_pending_and_does_not_wait(
+    make_run: MakeRun, release: threading.Event
+) -> None:
+    hang = Hang(release)
+    slow = FaultyTracker(name="slow").on("write_batch", 1, action=hang)
+    run = make_run("r", [slow])
+    run.add_metadata(a=1)
+    report = run.flush(timeout=0.1)
+    assert report.timed_out and report.pending == 1 and report.delivered == 0
+    assert hang.entered.wait(10)
+    release.set()
+    report = run.flush()
+    assert report.ok and report.delivered == 1 and not report.timed_out
+
+
+def test_flush_after_a_close_that_left_records_behind_does_not_hang(
+    make_run: MakeRun,
+) -> None:
+    stuck = FaultyTracker(name="stuck").always("write_batch", Hang())
+    run = make_run("r", [stuck])
+    run.add_metadata(a=1)
+    assert run.close(timeout=0.1).pending == 1
+    with pytest.raises(TrackerClosedError):
+        run.flush()
+
+
+def test_close_of_many_runs_shares_one_deadline(make_run: MakeRun) -> None:
+    from async_tracker import shutdown
+
+    runs = [make_run(f"r{i}", [FaultyTracker().always("write_batch", Hang())]) for i in range(5)]
+    for run in runs:
+        run.add_metadata(a=1)
+    start = time.monotonic()
+    shutdown.close_all(timeout=0.3)
+    # Closed concurrently: five hung runs cost one timeout, not five.
+    assert time.monotonic() - start < 0.3 + CLOSE_SLACK_S + MARGIN_S
+    assert all(r.closed for r in runs)
+    assert all(r.close().pending == 1 for r in runs)
+
+
+HANG_SCRIPT = """
+import sys, threading, time
+from async_tracker import AppRun
+from async_tracker.backend.memory import InMemoryTracker
+from tests.faulty import FaultyTracker, Hang, HangingTracker
+
+kind = sys.argv[1]
+if kind == "thread":
+    hung = HangingTracker()            # blocks its worker thread forever
+else:
+    hung = FaultyTracker().always("write_batch", Hang())   # awaits forever
+mem = InMemoryTracker()
+run = AppRun("r", [hung, mem], flush_interval=3600)
+run.add_metadata(a=1)
+run.add_source("p")
+start = time.monotonic()
+report = run.close(timeout=0.5)
+print(f"closed {time.monotonic() - start:.3f} {report.pending} {report.delivered}", flush=True)
+# Exit without any further help: the hung thread and the tracker loop must not hold us.
+"""
+
+
+@pytest.mark.parametrize("kind", ["thread", "async"])
+def test_process_exits_promptly_after_close_with_a_hung_backend(
+    child: Callable[..., Child], kind: str
+) -> None:
+    proc = child(HANG_SCRIPT, kind)
+    word, elapsed, pending, delivered = proc.readline().split()
+    assert word == "closed"
+    assert float(elapsed) < 0.5 + CLOSE_SLACK_S + MARGIN_S
+    assert (int(pending), int(delivered)) == (2, 2)
+    start = time.monotonic()
+    assert proc.wait(timeout=10) == 0, proc.stderr()
+    assert time.monotonic() - start < 5.0
+
+
+EXIT_WITHOUT_CLOSE_SCRIPT = """
+import sys
+from async_tracker import AppRun
+from tests.faulty import FaultyTracker, Hang
+
+run = AppRun("r", [FaultyTracker().always("write_batch", Hang())], flush_interval=3600,
+             close_timeout=0.5)
+run.add_metadata(a=1)
+print("ready", flush=True)
+"""
+
+
+def test_exit_hook_is_bounded_by_close_timeout(child: Callable[..., Child]) -> None:
+    proc = child(EXIT_WITHOUT_CLOSE_SCRIPT)
+    assert proc.readline() == "ready"
+    start = time.monotonic()
+    assert proc.wait(timeout=15) == 0, proc.stderr()
+    assert time.monotonic() - start < 0.5 + CLOSE_SLACK_S + 5.0
+    err = proc.stderr()
+    assert "closed with" in err and "pending=1" in err  # said what it could not deliver
