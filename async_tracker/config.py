@@ -10,20 +10,25 @@ or only from the file ``TORCHXCONFIG`` names::
     [tracker:fsspec]
     config = /path/to/fsspec.cfg
 
-``TORCHX_TRACKERS`` and ``TORCHX_TRACKER_<NAME>_CONFIG`` override the files.
+``TORCHX_TRACKERS`` and ``TORCHX_TRACKER_<NAME>_CONFIG`` override the files, and
+``ASYNC_TRACKER_FACTORY_<NAME>=module:factory`` overrides a name's factory: it is how
+``async-tracker run`` hands a ``name = module:factory`` value to the job (torchx's variables
+have no room for it).
 """
 
 from __future__ import annotations
 
 import configparser
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from async_tracker.errors import TrackerConfigError
 from async_tracker.factory import (
+    ENV_TORCHX_TRACKERS,
     AnyTracker,
+    Factory,
     load_factory,
     tracker_config_env_var_name,
     trackers_config_from_environ,
@@ -31,6 +36,13 @@ from async_tracker.factory import (
 
 TORCHXCONFIG_ENV = "TORCHXCONFIG"
 CONFIG_FILE = ".torchxconfig"
+FACTORY_ENV_PREFIX = "ASYNC_TRACKER_FACTORY_"
+
+
+def factory_env_var_name(name: str) -> str:
+    """``ASYNC_TRACKER_FACTORY_<NAME>``: the factory of tracker ``NAME`` when it is not the
+    name itself (the value of ``name = module:factory`` in ``.torchxconfig``)."""
+    return f"{FACTORY_ENV_PREFIX}{name.upper()}"
 
 
 @dataclass(frozen=True)
@@ -41,9 +53,14 @@ class TrackerSpec:
     factory: str
     config: str | None
 
+    def load(self) -> Factory:
+        """The factory, imported but not called: checks a spec without side effects."""
+        return load_factory(self.factory)
+
     def build(self) -> AnyTracker:
+        factory = self.load()
         try:
-            tracker = load_factory(self.factory)(self.config)
+            tracker = factory(self.config)
         except TrackerConfigError:
             raise
         except Exception as exc:
@@ -55,6 +72,8 @@ class TrackerSpec:
 
 
 def config_files(cwd: Path | None = None, environ: Mapping[str, str] | None = None) -> list[Path]:
+    """The ``.torchxconfig`` files to read, the later winning: ``$TORCHXCONFIG`` alone, else
+    ``~/.torchxconfig`` then ``./.torchxconfig``, those that exist."""
     env = os.environ if environ is None else environ
     if env.get(TORCHXCONFIG_ENV):
         return [Path(env[TORCHXCONFIG_ENV])]
@@ -63,7 +82,8 @@ def config_files(cwd: Path | None = None, environ: Mapping[str, str] | None = No
     return [p for p in dict.fromkeys([home, here]) if p.exists()]
 
 
-def read_torchxconfig(paths: list[Path]) -> list[TrackerSpec]:
+def read_torchxconfig(paths: Sequence[Path]) -> list[TrackerSpec]:
+    """The trackers of ``[torchx:tracker]``, with their ``[tracker:<name>] config``."""
     parser = configparser.ConfigParser(inline_comment_prefixes=("#", ";"))
     parser.optionxform = str  # type: ignore[assignment,method-assign]  # keep names' case
     for path in paths:
@@ -85,22 +105,61 @@ def read_torchxconfig(paths: list[Path]) -> list[TrackerSpec]:
 def configured_trackers(
     cwd: Path | None = None, environ: Mapping[str, str] | None = None
 ) -> list[TrackerSpec]:
-    """The trackers the environment names, else those of ``.torchxconfig``."""
+    """The trackers the environment names, else those of ``.torchxconfig``.
+
+    A name's factory is ``ASYNC_TRACKER_FACTORY_<NAME>``, else its ``.torchxconfig`` value,
+    else the name; its config is ``TORCHX_TRACKER_<NAME>_CONFIG``, else ``[tracker:<name>]``.
+    """
     env = os.environ if environ is None else environ
     from_env = trackers_config_from_environ(env)
     from_files = {s.name: s for s in read_torchxconfig(config_files(cwd, env))}
-    if from_env:
-        return [
-            TrackerSpec(
-                name,
-                from_files[name].factory if name in from_files else name,
-                config if config is not None else (
-                    from_files[name].config if name in from_files else None
-                ),
+    names = list(from_env) if from_env else list(from_files)
+    specs = []
+    for name in names:
+        in_file = from_files.get(name)
+        factory = env.get(factory_env_var_name(name)) or (in_file.factory if in_file else name)
+        config = env.get(tracker_config_env_var_name(name))
+        if config is None and in_file is not None:
+            config = in_file.config
+        specs.append(TrackerSpec(name, factory, config))
+    return specs
+
+
+def resolve_tracker(
+    name: str,
+    config: str | None = None,
+    cwd: Path | None = None,
+    environ: Mapping[str, str] | None = None,
+) -> TrackerSpec:
+    """The tracker ``--tracker NAME [--config CFG]`` means: a configured name keeps its
+    factory (and its config unless ``config`` is given); any other name is the factory."""
+    for spec in configured_trackers(cwd, environ):
+        if spec.name == name:
+            return TrackerSpec(name, spec.factory, config if config is not None else spec.config)
+    return TrackerSpec(name, name, config)
+
+
+def job_environ(specs: Sequence[TrackerSpec]) -> dict[str, str]:
+    """The variables that give a job these trackers, as torchx's runner sets them:
+    ``TORCHX_TRACKERS`` (the names) and ``TORCHX_TRACKER_<NAME>_CONFIG`` (when configured),
+    plus ``ASYNC_TRACKER_FACTORY_<NAME>`` for a name whose factory is not the name itself."""
+    env: dict[str, str] = {}
+    seen: set[str] = set()
+    for spec in specs:
+        if not spec.name or spec.name != spec.name.strip() or "," in spec.name:
+            raise TrackerConfigError(
+                f"tracker name {spec.name!r} cannot go in {ENV_TORCHX_TRACKERS} "
+                "(it is a comma-separated list)"
             )
-            for name, config in from_env.items()
-        ]
-    return [
-        TrackerSpec(s.name, s.factory, env.get(tracker_config_env_var_name(s.name), s.config))
-        for s in from_files.values()
-    ]
+        if spec.name.upper() in seen:
+            raise TrackerConfigError(
+                f"two trackers named {spec.name!r} (names are compared without case in "
+                "TORCHX_TRACKER_<NAME>_CONFIG)"
+            )
+        seen.add(spec.name.upper())
+        if spec.config:
+            env[tracker_config_env_var_name(spec.name)] = spec.config
+        if spec.factory != spec.name:
+            env[factory_env_var_name(spec.name)] = spec.factory
+    env[ENV_TORCHX_TRACKERS] = ",".join(s.name for s in specs)
+    return env

@@ -1,0 +1,131 @@
+"""``plot``: metric curves against step, one panel per metric, several runs overlaid.
+
+matplotlib (the ``plot`` extra) draws through its Agg canvas on a bare ``Figure``: no pyplot,
+so no GUI backend, no global figure state, nothing left open in a long-lived process.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from async_tracker.cli.common import CliError, check_known, open_tracker, to_json
+from async_tracker.cli.query import read_metrics
+from async_tracker.records import TrackerMetric
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
+FORMATS = {".png": "png", ".svg": "svg"}
+PANEL_HEIGHT_IN = 2.6
+FIGURE_WIDTH_IN = 8.0
+MISSING_MATPLOTLIB = (
+    "plot needs matplotlib, which is not installed: pip install 'async-tracker[plot]'"
+)
+
+Curves = Mapping[str, Mapping[str, Sequence[TrackerMetric]]]  # run id -> metric -> points
+
+
+def _select(curves: Curves, wanted: Sequence[str] | None) -> list[str]:
+    """The metrics to draw: those asked for, else every metric of any run, in order of
+    appearance."""
+    available = list(dict.fromkeys(name for run in curves.values() for name in run))
+    if not available:
+        raise CliError(f"no metrics recorded for {', '.join(map(repr, curves))}")
+    if not wanted:
+        return available
+    missing = [m for m in wanted if m not in available]
+    if missing:
+        raise CliError(
+            f"no metric {', '.join(map(repr, missing))} in these runs; "
+            f"they have: {', '.join(available)}"
+        )
+    return list(dict.fromkeys(wanted))
+
+
+def draw(curves: Curves, metrics: Sequence[str]) -> Figure:
+    """One panel per metric, x = step, one line per run (same colour across panels)."""
+    try:
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+        from matplotlib.figure import Figure
+    except ImportError as exc:
+        raise CliError(MISSING_MATPLOTLIB) from exc
+
+    fig = Figure(
+        figsize=(FIGURE_WIDTH_IN, 1.0 + PANEL_HEIGHT_IN * len(metrics)), layout="constrained"
+    )
+    FigureCanvasAgg(fig)
+    axes = fig.subplots(len(metrics), 1, sharex=True, squeeze=False)[:, 0]
+    colours = [f"C{i % 10}" for i in range(len(curves))]
+    for ax, metric in zip(axes, metrics):
+        for colour, (run_id, run) in zip(colours, curves.items()):
+            points = run.get(metric, ())
+            if not points:
+                continue
+            # Infinities become gaps: matplotlib cannot place them, and NaN already is one.
+            values = [p.value if math.isfinite(p.value) else math.nan for p in points]
+            ax.plot([p.step for p in points], values, color=colour, label=run_id, linewidth=1.2)
+        ax.set_title(metric, loc="left", fontsize="medium")
+        ax.grid(True, alpha=0.3)
+    axes[-1].set_xlabel("step")
+    handles, labels = [], []
+    for ax in axes:  # the legend lists each run once, even if its first panel lacks it
+        for h, label in zip(*ax.get_legend_handles_labels()):
+            if label not in labels:
+                handles.append(h)
+                labels.append(label)
+    # Above the panels, outside them: run ids are long and would hide the curves.
+    fig.legend(
+        handles, labels, loc="outside upper center", ncols=min(len(labels), 2),
+        fontsize="small", frameon=False,
+    )
+    return fig
+
+
+def cmd_plot(args: argparse.Namespace) -> int:
+    out = Path(args.output)
+    fmt = FORMATS.get(out.suffix.lower())
+    if fmt is None:
+        raise CliError(f"cannot tell the image format of {str(out)!r}: name it .png or .svg")
+    try:
+        import matplotlib  # noqa: F401  # checked before reading the store: fail fast
+    except ImportError as exc:
+        raise CliError(MISSING_MATPLOTLIB) from exc
+    tracker = open_tracker(args)
+    run_ids = list(dict.fromkeys(args.RUN_ID))
+    for run_id in run_ids:
+        check_known(tracker, run_id)
+    curves = {run_id: read_metrics(tracker, run_id) for run_id in run_ids}
+    metrics = _select(curves, args.metric)
+    fig = draw(curves, metrics)
+    try:
+        fig.savefig(out, format=fmt, dpi=args.dpi)
+    except OSError as exc:
+        raise CliError(f"cannot write {str(out)!r}: {exc.strerror or exc}") from exc
+    if args.json:
+        print(to_json({"output": str(out), "runs": run_ids, "metrics": metrics}))
+    else:
+        print(f"wrote {out}: {len(metrics)} metric(s), {len(run_ids)} run(s)")
+    return 0
+
+
+def register(
+    sub: argparse._SubParsersAction[argparse.ArgumentParser], common: argparse.ArgumentParser
+) -> None:
+    p = sub.add_parser(
+        "plot",
+        parents=[common],
+        help="draw metric curves against step as PNG or SVG (needs the plot extra)",
+        description="Draws metric curves against step, one panel per metric, runs overlaid.",
+    )
+    p.add_argument("RUN_ID", nargs="+", help="runs to overlay")
+    p.add_argument(
+        "--metric", action="append", metavar="NAME", help="a metric to draw (repeatable; "
+        "default: all)"
+    )
+    p.add_argument("-o", "--output", required=True, metavar="FILE", help="FILE.png or FILE.svg")
+    p.add_argument("--dpi", type=int, default=120, help="resolution of a PNG (default: 120)")
+    p.set_defaults(func=cmd_plot)
