@@ -1,0 +1,60 @@
+"""Fixtures for the MLflow tests: one real ``mlflow server`` for the session (SQLite store and
+artifact root in a temporary directory, a free port on 127.0.0.1), killed at teardown.
+
+Without mlflow installed, the whole directory is skipped.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+pytest.importorskip("mlflow")
+
+import async_tracker.run  # noqa: E402
+from tests.mlflow.server import MlflowServer  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def mlflow_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MlflowServer]:
+    server = MlflowServer(tmp_path_factory.mktemp("mlflow-server"))
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="session")
+def tracking_uri(mlflow_server: MlflowServer) -> str:
+    return mlflow_server.url
+
+
+@pytest.fixture
+def experiment_name() -> str:
+    """An experiment of the test's own, so that searches see only its runs."""
+    return f"test-{uuid.uuid4().hex[:12]}"
+
+
+@pytest.fixture
+def client(tracking_uri: str) -> Any:
+    """A plain MlflowClient on the server: what the tests read back with, independently of
+    the tracker under test."""
+    from mlflow import MlflowClient
+
+    return MlflowClient(tracking_uri)
+
+
+@pytest.fixture(autouse=True)
+def clean_env(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """No TORCHX_*, ASYNC_TRACKER_* or MLFLOW_TRACKING_URI variable leaks into a test."""
+    for var in list(os.environ):
+        if var.startswith(("TORCHX_", "ASYNC_TRACKER_")) or var == "MLFLOW_TRACKING_URI":
+            monkeypatch.delenv(var)
+    async_tracker.run._env_run = None
+    yield
+    async_tracker.run._env_run = None
