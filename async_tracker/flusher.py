@@ -4,8 +4,7 @@
   buffer and cuts batches when ``batch_size`` records wait or ``flush_interval`` has passed.
 * :class:`RunFlusher`: one per ``AppRun``. Drains its buffer, coalesces records into
   :class:`~async_tracker.records.Batch` objects and hands a copy of each to every lane.
-* :class:`Lane`: one per backend of a run. Delivers batches in order with its own retries,
-  health and counters, so a slow or failing backend never delays another.
+* :class:`~async_tracker.lane.Lane` (in ``lane.py``): one per backend of a run.
 
 Everything here runs on the tracker loop thread, so the objects need no locks; the caller's
 threads only read counters (``status()``), which may be a moment stale but never torn.
@@ -18,20 +17,20 @@ import math
 import os
 import threading
 import time
-from collections import deque
 from collections.abc import Sequence
+from pathlib import Path
 
 import anyio
 import anyio.abc
 
 from async_tracker.base import AsyncTrackerBase
 from async_tracker.buffer import ARTIFACT, METADATA, Buffer, Record
-from async_tracker.errors import is_transient
+from async_tracker.lane import Lane, describe
 from async_tracker.loop import TrackerLoop, get_loop
 from async_tracker.records import Batch, TrackerArtifact, TrackerMetric, TrackerSource
-from async_tracker.report import BackendStatus, FlushReport, TrackerStatus
-from async_tracker.retry import RetryPolicy, retry_call
-from async_tracker.settings import DEFAULT_WAKE_INTERVAL_S, RunOptions
+from async_tracker.report import FlushReport, TrackerStatus
+from async_tracker.settings import DEFAULT_WAKE_INTERVAL_S, SPOOL_GRACE_S, RunOptions
+from async_tracker.spool import Spool, default_spool_dir
 
 logger = logging.getLogger(__name__)
 
@@ -75,155 +74,6 @@ def coalesce(records: Sequence[Record], seq: int, last_step: dict[str, int]) -> 
     return batch
 
 
-class Lane:
-    """Ordered delivery of one run's batches to one backend."""
-
-    def __init__(
-        self, run_id: str, name: str, backend: AsyncTrackerBase, policy: RetryPolicy
-    ) -> None:
-        self.run_id = run_id
-        self.name = name
-        self.backend = backend
-        self.policy = policy
-        self.takes_metrics = backend.supports_metrics
-        self.queue: deque[tuple[Batch, float]] = deque()  # (batch, monotonic time queued)
-        self.in_flight = 0  # records queued or being written
-        self.delivered = 0
-        self.dropped = 0
-        self.retries = 0
-        self.last_error: str | None = None
-        self.healthy = True
-        # Parked: the retry budget ran out on the head batch; the lane waits for its cooldown
-        # or a kick from flush()/close() before trying again.
-        self.parked = False
-        self._bound = False
-
-    def bind(self) -> None:
-        """Creates the lane's anyio objects; they belong to the loop, so this runs on it
-        (lanes are built on the caller's thread, before the loop first sees them)."""
-        if not self._bound:
-            self._work = anyio.Event()
-            self._kick = anyio.Event()
-            self._progress = anyio.Event()
-            self._scope = anyio.CancelScope()
-            self._bound = True
-
-    # -- called on the loop by RunFlusher ---------------------------------------------------
-    def put(self, batch: Batch) -> None:
-        self.bind()
-        mine = batch.for_lane()
-        if not self.takes_metrics and mine.metrics:
-            mine.records -= len(mine.metrics)
-            mine.metrics = []
-        if mine.is_empty():
-            return
-        self.queue.append((mine, time.monotonic()))
-        self.in_flight += mine.records
-        self._work.set()
-
-    def kick(self) -> None:
-        """Retry a parked batch now (flush and close want their answer now, not later)."""
-        self.bind()
-        if self.parked:
-            self.parked = False
-            self._kick.set()
-
-    def settled(self) -> bool:
-        return not self.queue or self.parked
-
-    async def wait_progress(self) -> None:
-        self.bind()
-        await self._progress.wait()
-
-    def abandon(self) -> None:
-        """Stops the lane for good; a write hung in a worker thread is left behind."""
-        self.bind()
-        self._scope.cancel()
-
-    def status(self, buffered: int) -> BackendStatus:
-        try:
-            lag = time.monotonic() - self.queue[0][1]
-        except IndexError:  # empty, or emptied by the loop while we looked
-            lag = 0.0
-        return BackendStatus(
-            name=self.name,
-            buffered=buffered,
-            in_flight=self.in_flight,
-            spooled=0,
-            delivered=self.delivered,
-            dropped=self.dropped,
-            retries=self.retries,
-            last_error=self.last_error,
-            lag_s=lag,
-            healthy=self.healthy,
-        )
-
-    # -- the lane's task -----------------------------------------------------------------------
-    def _signal_progress(self) -> None:
-        self._progress.set()
-        self._progress = anyio.Event()
-
-    def _on_retry(self, exc: BaseException) -> None:
-        self.retries += 1
-        self.last_error = _describe(exc)
-
-    async def run(self) -> None:
-        self.bind()
-        with self._scope:
-            while True:
-                if not self.queue:
-                    self._signal_progress()
-                    await self._work.wait()
-                    self._work = anyio.Event()
-                    continue
-                batch, _ = self.queue[0]
-                try:
-                    await retry_call(
-                        self.policy, self._on_retry, self.backend.write_batch, self.run_id, batch
-                    )
-                except Exception as exc:
-                    self.last_error = _describe(exc)
-                    self.healthy = False
-                    if is_transient(exc):
-                        await self._park()
-                        continue
-                    # Permanent: retrying cannot help, and holding the batch would block
-                    # everything behind it. Count it and say so, loudly, once per batch.
-                    logger.error(
-                        "async_tracker: backend %s refused %d records of run %r for good: %s",
-                        self.name, batch.records, self.run_id, self.last_error,
-                    )
-                    self._finish(batch, delivered=False)
-                    continue
-                self.healthy = True
-                self._finish(batch, delivered=True)
-
-    def _finish(self, batch: Batch, delivered: bool) -> None:
-        self.queue.popleft()
-        self.in_flight -= batch.records
-        if delivered:
-            self.delivered += batch.records
-        else:
-            self.dropped += batch.records
-        self._signal_progress()
-
-    async def _park(self) -> None:
-        logger.warning(
-            "async_tracker: backend %s of run %r is failing (%s); retrying in %.1f s",
-            self.name, self.run_id, self.last_error, self.policy.cooldown_s,
-        )
-        self.parked = True
-        self._signal_progress()
-        with anyio.move_on_after(self.policy.cooldown_s):
-            await self._kick.wait()
-        self._kick = anyio.Event()
-        self.parked = False
-
-
-def _describe(exc: BaseException) -> str:
-    return f"{type(exc).__name__}: {exc}"
-
-
 class RunFlusher:
     """The loop-side state of one run: its buffer, lanes and batch numbering."""
 
@@ -239,7 +89,19 @@ class RunFlusher:
         self.buffer = buffer
         self.options = options
         self.owns_backends = owns_backends
-        self.lanes = [Lane(run_id, name, b, options.retry) for name, b in backends]
+        spool_dir = Path(options.spool_dir) if options.spool_dir else default_spool_dir()
+        self.lanes = [
+            Lane(
+                run_id,
+                name,
+                b,
+                options.retry,
+                max_buffered=options.max_buffered,
+                spool=Spool(spool_dir, run_id, name),
+                durable=options.durable,
+            )
+            for name, b in backends
+        ]
         self.seq = 0
         self.last_step: dict[str, int] = {}
         self.last_cut = time.monotonic()
@@ -280,12 +142,21 @@ class RunFlusher:
         return FlushReport.from_status(self.status(), timed_out=scope.cancelled_caught)
 
     async def close(self, timeout: float) -> FlushReport:
-        """Flushes within ``timeout``, then stops the lanes whatever they are doing."""
+        """Flushes within ``timeout``, then stops the lanes whatever they are doing and
+        spools what they still hold."""
         deadline = anyio.current_time() + timeout
         self.closed = True
         report = await self.flush(timeout)
         for lane in self.lanes:
             lane.abandon()
+        if not report.ok:
+            # Shielded and bounded: the records must reach the disk even if this close() is
+            # itself cancelled, but a stuck disk must not hold the caller past its deadline.
+            remaining = max(0.0, deadline - anyio.current_time()) + SPOOL_GRACE_S
+            with anyio.move_on_after(remaining, shield=True):
+                for lane in self.lanes:
+                    await lane.spool_leftovers()
+            report = FlushReport.from_status(self.status(), timed_out=report.timed_out)
         if self.owns_backends:
             # Shielded: close() may itself be cancelled, and a backend left half-closed (an
             # MLflow run left RUNNING) is worse than waiting out the rest of our deadline.
@@ -308,7 +179,7 @@ async def _aclose_quietly(lane: Lane) -> None:
     try:
         await lane.backend.aclose()
     except Exception as exc:
-        lane.last_error = _describe(exc)
+        lane.last_error = describe(exc)
         logger.warning("async_tracker: closing backend %s failed: %s", lane.name, lane.last_error)
 
 

@@ -20,6 +20,8 @@ DEFAULT_CLOSE_TIMEOUT_S = 10.0
 DEFAULT_WAKE_INTERVAL_S = 0.02
 # What close() may take beyond its timeout: reading counters and building the report.
 CLOSE_SLACK_S = 0.5
+# What close() may add to its deadline to write undelivered records to the spool.
+SPOOL_GRACE_S = 0.25
 # How long SIGTERM waits for a flush before the previous handler runs.
 DEFAULT_SIGTERM_GRACE_S = 5.0
 # Worker threads running blocking backends at once, for the whole process.

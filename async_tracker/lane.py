@@ -1,0 +1,332 @@
+"""A lane: ordered delivery of one run's batches to one backend, with its own retries,
+health, counters and spool.
+
+Batches live in memory (``queue``) or on local disk (the spool), and memory always holds the
+older ones: once a lane starts spilling to disk, every new batch goes to disk too until the
+disk is drained. A lane spills when
+
+* its backend failed past the retry budget (the batch being retried stays in memory; the
+  rest go to disk),
+* it holds more than ``max_buffered`` records in memory (a stalled backend),
+* ``durable=True``: every batch is written to disk before delivery (a write-ahead log).
+
+Two tasks per lane, both on the tracker loop: the deliverer, and the spool writer, so that a
+backend hung in a write can never stop records from reaching the disk.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import deque
+from pathlib import Path
+
+import anyio
+
+from async_tracker.base import AsyncTrackerBase
+from async_tracker.errors import is_transient
+from async_tracker.records import Batch
+from async_tracker.report import BackendStatus
+from async_tracker.retry import RetryPolicy, retry_call
+from async_tracker.spool import Spool, is_adopted
+
+logger = logging.getLogger(__name__)
+
+
+def describe(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}"
+
+
+class Lane:
+    """Delivery of one run's batches to one backend."""
+
+    def __init__(
+        self,
+        run_id: str,
+        name: str,
+        backend: AsyncTrackerBase,
+        policy: RetryPolicy,
+        *,
+        max_buffered: int,
+        spool: Spool | None = None,
+        durable: bool = False,
+    ) -> None:
+        self.run_id = run_id
+        self.name = name
+        self.backend = backend
+        self.policy = policy
+        self.max_buffered = max_buffered
+        self.spool = spool
+        self.durable = durable and spool is not None
+        self.takes_metrics = backend.supports_metrics
+        self.queue: deque[tuple[Batch, float]] = deque()  # (batch, monotonic time queued)
+        self.in_flight = 0  # records in memory: queued, being written, or waiting for disk
+        self.spooled = 0  # records on disk, not yet delivered
+        self.delivered = 0
+        self.dropped = 0
+        self.retries = 0
+        self.last_error: str | None = None
+        self.healthy = True
+        # Parked: the retry budget ran out; the lane waits for its cooldown or a kick from
+        # flush()/close() before trying again.
+        self.parked = False
+        self.spilling = self.durable
+        self._to_spool: list[Batch] = []
+        self._replay: deque[Path] = deque()  # sealed segments, oldest first
+        self._replay_batches: deque[Batch] | None = None  # what is left of _replay[0]
+        self._oldest_on_disk: float | None = None
+        self._bound = False
+
+    def bind(self) -> None:
+        """Creates the lane's anyio objects; they belong to the loop, so this runs on it
+        (lanes are built on the caller's thread, before the loop first sees them)."""
+        if not self._bound:
+            self._work = anyio.Event()
+            self._kick = anyio.Event()
+            self._progress = anyio.Event()
+            self._spool_work = anyio.Event()
+            self._scope = anyio.CancelScope()
+            self._bound = True
+
+    # -- called on the loop by RunFlusher ---------------------------------------------------
+    def put(self, batch: Batch) -> None:
+        self.bind()
+        mine = batch.for_lane()
+        if not self.takes_metrics and mine.metrics:
+            mine.records -= len(mine.metrics)
+            mine.metrics = []
+        if mine.is_empty():
+            return
+        self.in_flight += mine.records
+        if self.spool is not None and (self.spilling or self.in_flight > self.max_buffered):
+            if not self.spilling:
+                logger.info(
+                    "async_tracker: backend %s of run %r holds %d records; spooling to %s",
+                    self.name, self.run_id, self.in_flight, self.spool.path,
+                )
+            self.spilling = True
+            self._to_spool.append(mine)
+            self._spool_work.set()
+        else:
+            self.queue.append((mine, time.monotonic()))
+        self._work.set()
+
+    def kick(self) -> None:
+        """Retry a parked batch now (flush and close want their answer now, not later)."""
+        self.bind()
+        if self.parked:
+            self.parked = False
+            self._kick.set()
+
+    def settled(self) -> bool:
+        """Nothing left to try now: all delivered, or parked until the backend is back."""
+        return self.parked or (self.in_flight == 0 and not self.spilling_pending())
+
+    def spilling_pending(self) -> bool:
+        return self.spilling and (self.spooled > 0 or bool(self._replay))
+
+    async def wait_progress(self) -> None:
+        self.bind()
+        await self._progress.wait()
+
+    def abandon(self) -> None:
+        """Stops the lane's tasks for good; a write hung in a worker thread is left behind."""
+        self.bind()
+        self._scope.cancel()
+
+    async def spool_leftovers(self) -> None:
+        """After ``abandon()``: moves what is still in memory to disk (close's last step)."""
+        if self.spool is None:
+            return
+        batches = [b for b, _ in self.queue] + self._to_spool
+        if not batches:
+            return
+        try:
+            await self.spool.append(batches)
+        except OSError as exc:
+            self.last_error = f"spool: {describe(exc)}"
+            logger.error("async_tracker: cannot spool %s: %s", self.name, self.last_error)
+            return
+        n = sum(b.records for b in batches)
+        self.queue.clear()
+        self._to_spool = []
+        self.in_flight -= n
+        self.spooled += n
+
+    def status(self, buffered: int) -> BackendStatus:
+        now = time.monotonic()
+        oldest = [t for t in (self._oldest_on_disk,) if t is not None]
+        try:
+            oldest.append(self.queue[0][1])
+        except IndexError:  # empty, or emptied by the loop while we looked
+            pass
+        return BackendStatus(
+            name=self.name,
+            buffered=buffered,
+            in_flight=self.in_flight,
+            spooled=self.spooled,
+            delivered=self.delivered,
+            dropped=self.dropped,
+            retries=self.retries,
+            last_error=self.last_error,
+            lag_s=now - min(oldest) if oldest else 0.0,
+            healthy=self.healthy,
+            spool_path=self.spool.path if self.spool is not None else None,
+        )
+
+    # -- the tasks ------------------------------------------------------------------------------
+    def _signal_progress(self) -> None:
+        self._progress.set()
+        self._progress = anyio.Event()
+
+    def _on_retry(self, exc: BaseException) -> None:
+        self.retries += 1
+        self.last_error = describe(exc)
+
+    async def run(self) -> None:
+        """The lane's two tasks, until ``abandon()``."""
+        self.bind()
+        with self._scope:
+            async with anyio.create_task_group() as tg:
+                if self.spool is not None:
+                    tg.start_soon(self._write_spool)
+                    await self._adopt_earlier_segments()
+                await self._deliver_forever()
+
+    async def _adopt_earlier_segments(self) -> None:
+        """Segments left by a process that died or closed on a deadline: replayed first."""
+        assert self.spool is not None
+        try:
+            segments = await self.spool.take()
+        except OSError as exc:
+            self.last_error = f"spool: {describe(exc)}"
+            return
+        if segments:
+            logger.info(
+                "async_tracker: replaying %d spooled segments of run %r into %s",
+                len(segments), self.run_id, self.name,
+            )
+            self.spilling = True
+            self._replay.extend(segments)
+            self._oldest_on_disk = time.monotonic()
+
+    async def _write_spool(self) -> None:
+        assert self.spool is not None
+        while True:
+            await self._spool_work.wait()
+            self._spool_work = anyio.Event()
+            while self._to_spool:
+                # Removed from _to_spool only once on disk: if close() cancels us mid-write,
+                # spool_leftovers() still finds them (a torn line is skipped on replay).
+                batches = list(self._to_spool)
+                try:
+                    await self.spool.append(batches)
+                except OSError as exc:
+                    # A full disk: the records stay in memory and count as pending; the
+                    # training loop is never told by an exception, status() says it.
+                    self.last_error = f"spool: {describe(exc)}"
+                    self.healthy = False
+                    logger.error("async_tracker: spooling for %s failed: %s", self.name, exc)
+                    with anyio.move_on_after(self.policy.cooldown_s):
+                        await self._kick.wait()
+                    continue
+                del self._to_spool[: len(batches)]
+                n = sum(b.records for b in batches)
+                self.in_flight -= n
+                self.spooled += n
+                if self._oldest_on_disk is None:
+                    self._oldest_on_disk = time.monotonic()
+                self._work.set()
+
+    async def _deliver_forever(self) -> None:
+        while True:
+            if self.queue:
+                batch, _ = self.queue[0]
+                if await self._deliver(batch):
+                    self.queue.popleft()
+                    self.in_flight -= batch.records
+                    self._signal_progress()
+                continue
+            if self.spilling and await self._deliver_from_disk():
+                continue
+            self._signal_progress()
+            await self._work.wait()
+            self._work = anyio.Event()
+
+    async def _deliver_from_disk(self) -> bool:
+        """Delivers the next spooled batch. False when there is nothing on disk to deliver."""
+        assert self.spool is not None
+        if not self._replay:
+            if self._to_spool:
+                return False  # the writer has it; it wakes us when it is on disk
+            self._replay.extend(await self.spool.take())
+            if not self._replay:
+                # Disk drained: new batches may stay in memory again.
+                self.spilling = self.durable
+                self._oldest_on_disk = None
+                self.spooled = 0
+                return False
+        segment = self._replay[0]
+        if self._replay_batches is None:
+            batches = await self.spool.read(segment)
+            if is_adopted(segment):
+                # Adopted from an earlier process: not counted by this one until now.
+                self.spooled += sum(b.records for b in batches)
+            self._replay_batches = deque(batches)
+        while self._replay_batches:
+            batch = self._replay_batches[0]
+            if not await self._deliver(batch):
+                return True
+            self._replay_batches.popleft()
+            self.spooled -= batch.records
+        await self.spool.delivered(segment)
+        self._replay.popleft()
+        self._replay_batches = None
+        self._signal_progress()
+        return True
+
+    async def _deliver(self, batch: Batch) -> bool:
+        """Writes one batch with retries. True when it is done with (delivered, or dropped
+        as permanently refused); False when the lane parked and the batch must be retried."""
+        try:
+            await retry_call(
+                self.policy, self._on_retry, self.backend.write_batch, self.run_id, batch
+            )
+        except Exception as exc:
+            self.last_error = describe(exc)
+            self.healthy = False
+            if is_transient(exc):
+                await self._park()
+                return False
+            # Permanent: retrying cannot help, and holding the batch would block everything
+            # behind it. Count it and say so, loudly, once per batch.
+            logger.error(
+                "async_tracker: backend %s refused %d records of run %r for good: %s",
+                self.name, batch.records, self.run_id, self.last_error,
+            )
+            self.dropped += batch.records
+            return True
+        self.healthy = True
+        self.delivered += batch.records
+        return True
+
+    async def _park(self) -> None:
+        logger.warning(
+            "async_tracker: backend %s of run %r is failing (%s); retrying in %.1f s",
+            self.name, self.run_id, self.last_error, self.policy.cooldown_s,
+        )
+        if self.spool is not None and not self.spilling and len(self.queue) > 1:
+            # Down past the retry budget: everything behind the batch being retried goes to
+            # disk, and so does what comes next, until the backend is back and caught up.
+            head = self.queue.popleft()
+            self._to_spool[:0] = [b for b, _ in self.queue]
+            self.queue.clear()
+            self.queue.append(head)
+            self.spilling = True
+            self._spool_work.set()
+        self.parked = True
+        self._signal_progress()
+        with anyio.move_on_after(self.policy.cooldown_s):
+            await self._kick.wait()
+        self._kick = anyio.Event()
+        self.parked = False
