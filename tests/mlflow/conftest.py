@@ -15,8 +15,8 @@ import pytest
 
 pytest.importorskip("mlflow")
 
-import async_tracker.run  # noqa: E402
-from tests.mlflow.server import MlflowServer  # noqa: E402
+import async_tracker.run
+from tests.mlflow.server import MlflowServer
 
 
 @pytest.fixture(scope="session")

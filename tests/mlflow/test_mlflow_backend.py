@@ -1,0 +1,387 @@
+"""The MLflow mapping against a real server: one run per run id, tags, metrics with client
+timestamps, requests cut to MLflow's limits, limits checked, run status, error mapping, and
+the run-creation race."""
+
+from __future__ import annotations
+
+import json
+import math
+import threading
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import pytest
+
+from async_tracker import AppRun, Batch, RetryPolicy, TrackerArtifact, TrackerMetric
+from async_tracker.backend.memory import InMemoryTracker
+from async_tracker.backend.mlflow import (
+    DEFAULT_TRACKING_DIR,
+    MAX_ITEMS_PER_REQUEST,
+    MAX_METRICS_PER_REQUEST,
+    MAX_REQUEST_BYTES,
+    MAX_TAGS_PER_REQUEST,
+    TAG_RUN_ID,
+    TAG_RUN_KEY,
+    AsyncMLflowTracker,
+    MLflowTracker,
+    default_tracking_uri,
+    exiting_on_exception,
+    map_error,
+    plan_requests,
+    run_key,
+)
+from async_tracker.errors import PermanentBackendError, TransientBackendError
+from tests.mlflow.server import free_port
+
+FAST_RETRY = RetryPolicy(
+    max_attempts=3, initial_backoff_s=0, max_backoff_s=0, jitter_s=0, cooldown_s=3600
+)
+
+
+@pytest.fixture
+def tracker(tracking_uri: str, experiment_name: str) -> Iterator[MLflowTracker]:
+    t = MLflowTracker(experiment_name, tracking_uri)
+    yield t
+    t.close()
+
+
+def runs_of(client: Any, experiment_name: str, deleted: bool = False) -> list[Any]:
+    from mlflow.entities import ViewType
+
+    exp = client.get_experiment_by_name(experiment_name)
+    if exp is None:
+        return []
+    view = ViewType.DELETED_ONLY if deleted else ViewType.ACTIVE_ONLY
+    return list(client.search_runs([exp.experiment_id], run_view_type=view))
+
+
+class LogBatchSpy:
+    """Records the requests the real client sends (and sends them)."""
+
+    def __init__(self, tracker: AsyncMLflowTracker) -> None:
+        self.calls: list[dict[str, list[Any]]] = []
+        client = tracker._client_sync()
+        real = client.log_batch
+        lock = threading.Lock()
+
+        def log_batch(run_id: str, metrics: Any = (), params: Any = (), tags: Any = ()) -> Any:
+            with lock:
+                self.calls.append(
+                    {"metrics": list(metrics), "params": list(params), "tags": list(tags)}
+                )
+            return real(run_id, metrics=metrics, params=params, tags=tags)
+
+        client.log_batch = log_batch
+
+
+# -- the run ------------------------------------------------------------------------------------
+def test_one_mlflow_run_per_run_id_named_and_tagged(
+    tracking_uri: str, experiment_name: str, client: Any
+) -> None:
+    for _ in range(2):  # two trackers: nothing cached between them
+        t = MLflowTracker(experiment_name, tracking_uri)
+        with AppRun("job-1", [t], flush_interval=3600) as run:
+            run.add_metadata(attempt=1)
+            run.log_metric("loss", 0.5)
+        t.close()
+    (run,) = runs_of(client, experiment_name)
+    assert run.info.run_name == "job-1"
+    assert run.data.tags[TAG_RUN_ID] == "job-1"
+    assert run.data.tags[TAG_RUN_KEY] == run_key("job-1")
+    assert run.info.status == "FINISHED"
+    assert len(client.get_metric_history(run.info.run_id, "loss")) == 2
+
+
+def test_metadata_tags_are_json_and_foreign_tags_read_as_strings(
+    tracker: MLflowTracker, client: Any
+) -> None:
+    tracker.add_metadata("r", n=3, s="3", cfg={"a": [1, None]})
+    run = tracker.get_run("r")
+    tags = run.data.tags
+    assert (tags["n"], tags["s"], tags["cfg"]) == ("3", '"3"', '{"a":[1,null]}')
+    client.set_tag(run.info.run_id, "set.in.ui", "hello world")
+    assert tracker.metadata("r") == {
+        "n": 3,
+        "s": "3",
+        "cfg": {"a": [1, None]},
+        "set.in.ui": "hello world",
+    }
+
+
+def test_metric_points_keep_client_timestamps_and_steps(
+    tracker: MLflowTracker, client: Any
+) -> None:
+    times = iter([1_700_000_000.123, 1_700_000_001.456, 1_700_000_002.789])
+    with AppRun("r", [tracker], flush_interval=3600, clock=lambda: next(times)) as run:
+        run.log_metric("loss", 1.0, step=10)
+        run.log_metric("loss", 0.5)  # step 11
+        run.log_metric("loss", math.inf, step=20)
+    history = client.get_metric_history(tracker.get_run_id("r"), "loss")
+    assert sorted((m.step, m.timestamp) for m in history) == [
+        (10, 1_700_000_000_123),
+        (11, 1_700_000_001_456),
+        (20, 1_700_000_002_789),
+    ]
+    points = tracker.metrics("r")["loss"]
+    assert [p.value for p in points] == [1.0, 0.5, math.inf]
+    assert points[0].timestamp == pytest.approx(1_700_000_000.123, abs=1e-6)
+
+
+# -- requests within MLflow's limits --------------------------------------------------------------
+def test_plan_requests_respects_every_limit() -> None:
+    tags = [(f"k{i}", "v" * 7000) for i in range(250)]
+    metrics = [(f"m{i % 7}", 0.5, 1000 + i, i) for i in range(4321)]
+    params = [(f"p{i}", "x") for i in range(130)]
+    requests = plan_requests(tags=tags, metrics=metrics, params=params)
+    for r in requests:
+        assert len(r.tags) <= MAX_TAGS_PER_REQUEST and len(r.params) <= 100
+        assert len(r.metrics) <= MAX_METRICS_PER_REQUEST
+        assert r.items <= MAX_ITEMS_PER_REQUEST
+        body = json.dumps(
+            {
+                "tags": [{"key": k, "value": v} for k, v in r.tags],
+                "params": [{"key": k, "value": v} for k, v in r.params],
+                "metrics": [
+                    {"key": k, "value": v, "timestamp": t, "step": s} for k, v, t, s in r.metrics
+                ],
+            },
+            indent=2,
+        )
+        assert len(body) < MAX_REQUEST_BYTES
+    assert [t for r in requests for t in r.tags] == tags
+    assert [p for r in requests for p in r.params] == params
+    assert [m for r in requests for m in r.metrics] == metrics
+    assert plan_requests(tags, metrics, params) == requests  # deterministic: retries match
+
+
+async def test_big_flush_is_cut_into_requests_mlflow_accepts(
+    tracking_uri: str, experiment_name: str
+) -> None:
+    backend = AsyncMLflowTracker(experiment_name, tracking_uri)
+    metadata = {f"key{i}": "v" * 7000 for i in range(150)}  # > 100 tags and > 1 MB
+    metrics = [TrackerMetric(f"m{i % 3}", float(i), i // 3, 1_700_000_000 + i) for i in range(2500)]
+    await backend.write_batch("big", Batch(0, metadata=metadata, metrics=metrics))
+    spy = LogBatchSpy(backend)
+    await backend.write_batch("big", Batch(1, metadata=metadata, metrics=metrics))  # again
+    assert len(spy.calls) >= 3
+    assert all(len(c["tags"]) <= 100 and len(c["metrics"]) <= 1000 for c in spy.calls)
+    assert dict(await backend.metadata("big")) == metadata
+    got = await backend.metrics("big")
+    assert sum(len(v) for v in got.values()) == 2500  # the second write stored nothing twice
+    await backend.aclose()
+
+
+async def test_write_batch_retry_skips_requests_already_stored(
+    tracking_uri: str, experiment_name: str
+) -> None:
+    backend = AsyncMLflowTracker(experiment_name, tracking_uri)
+    metrics = [TrackerMetric("m", float(i), i, 1_700_000_000 + i) for i in range(2500)]
+    batch = Batch(0, metrics=metrics)
+    await backend.write_batch("r", batch)
+    assert batch.done == {"mlflow:0", "mlflow:1", "mlflow:2"}
+    spy = LogBatchSpy(backend)
+    await backend.write_batch("r", batch)
+    assert spy.calls == []
+    await backend.aclose()
+
+
+# -- MLflow's limits -------------------------------------------------------------------------------
+def test_limits_checked_at_the_call_site_of_the_sync_face(
+    tracker: MLflowTracker, client: Any, experiment_name: str
+) -> None:
+    long_key = "k" * 251
+    with pytest.raises(ValueError, match=r"metadata key 'kkkk.*251 characters; MLflow allows 250"):
+        tracker.add_metadata("r", **{long_key: 1})
+    with pytest.raises(ValueError, match=r"metadata 'big': its value is 8002 characters"):
+        tracker.add_metadata("r", big="x" * 8000)
+    with pytest.raises(ValueError, match=r"'mlflow.runName'.*reserved"):
+        tracker.add_metadata("r", **{"mlflow.runName": "other"})
+    with pytest.raises(ValueError, match=r"metric name 'loss@1'"):
+        tracker.add_metrics("r", [TrackerMetric("loss@1", 1.0, 0, 1.0)])
+    with pytest.raises(ValueError, match=r"artifact 'a'"):
+        tracker.add_artifact("r", "a", "/p", {"blob": "x" * 8000})
+    with pytest.raises(ValueError, match=r"param 'p'"):
+        tracker.log_params_flat("r", {"p": "x" * 6001})
+    assert runs_of(client, experiment_name) == []  # nothing of those calls was sent
+
+
+def test_apprun_write_path_stores_the_rest_and_reports_what_mlflow_refuses(
+    tracker: MLflowTracker,
+) -> None:
+    mem = InMemoryTracker()
+    with AppRun("r", [tracker, mem], flush_interval=3600, retry=FAST_RETRY) as run:
+        run.add_metadata(good=1, **{"k" * 300: 2})
+        for step in range(100):
+            run.log_metric("loss", 1.0, step=step)
+        report = run.flush()
+    assert not report.ok
+    assert "MLflow refused 1 entries" in report.errors["mlflow"]
+    assert "300 characters" in report.errors["mlflow"]
+    assert "InMemoryTracker" not in report.errors
+    # What MLflow can take was stored: one bad key does not cost the metrics.
+    assert tracker.metadata("r") == {"good": 1}
+    assert len(tracker.metrics("r")["loss"]) == 100
+
+
+# -- run status ------------------------------------------------------------------------------------
+def test_close_ends_finished_and_failed_inside_an_exception(
+    tracking_uri: str, experiment_name: str
+) -> None:
+    ok = MLflowTracker(experiment_name, tracking_uri)
+    ok.add_metadata("fine", a=1)
+    ok.close()
+    assert ok.get_run("fine").info.status == "FINISHED"
+    ok.close()  # idempotent
+
+    bad = MLflowTracker(experiment_name, tracking_uri)
+    bad.add_metadata("broken", a=1)
+    try:
+        raise RuntimeError("training diverged")
+    except RuntimeError:
+        bad.close()  # while the exception propagates: FAILED
+    assert bad.get_run("broken").info.status == "FAILED"
+
+    # Another rank ending well afterwards does not hide the failure.
+    other_rank = MLflowTracker(experiment_name, tracking_uri)
+    other_rank.add_metadata("broken", rank=1)
+    other_rank.close()
+    assert other_rank.get_run("broken").info.status == "FAILED"
+
+    with pytest.raises(ValueError), MLflowTracker(experiment_name, tracking_uri) as ctx:
+        ctx.add_metadata("ctx", a=1)
+        raise ValueError("boom")
+    assert ok.get_run("ctx").info.status == "FAILED"
+
+
+def test_exiting_on_exception_sees_the_propagating_exception() -> None:
+    assert not exiting_on_exception()
+    try:
+        raise KeyError("x")
+    except KeyError:
+        assert exiting_on_exception()
+    try:
+        raise SystemExit(0)
+    except SystemExit:
+        assert not exiting_on_exception()
+
+
+# -- errors ----------------------------------------------------------------------------------------
+def test_connection_failures_are_transient_and_refusals_permanent(
+    tracker: MLflowTracker,
+) -> None:
+    dead = AsyncMLflowTracker("x", f"http://127.0.0.1:{free_port()}")
+    dead_sync = MLflowTracker("x", dead.tracking_uri)
+    with pytest.raises(TransientBackendError, match="MLflow get_run failed"):
+        dead_sync.metadata("r")
+
+    tracker.log_params_flat("r", {"lr": 0.1})
+    tracker.log_params_flat("r", {"lr": 0.1})  # the same value again is fine
+    with pytest.raises(PermanentBackendError, match="INVALID_PARAMETER_VALUE"):
+        tracker.log_params_flat("r", {"lr": 0.2})  # MLflow params are immutable
+
+
+def test_map_error_by_mlflow_error_code() -> None:
+    import requests
+    from mlflow.exceptions import MlflowException
+    from mlflow.protos import databricks_pb2 as codes
+
+    assert isinstance(
+        map_error(MlflowException("x", error_code=codes.TEMPORARILY_UNAVAILABLE), "w"),
+        TransientBackendError,
+    )
+    assert isinstance(
+        map_error(MlflowException("x", error_code=codes.INVALID_PARAMETER_VALUE), "w"),
+        PermanentBackendError,
+    )
+    assert isinstance(
+        map_error(MlflowException("x", error_code=codes.RESOURCE_DOES_NOT_EXIST), "w"),
+        PermanentBackendError,
+    )
+    assert isinstance(map_error(requests.ConnectionError("refused"), "w"), TransientBackendError)
+    try:
+        try:
+            raise requests.exceptions.ConnectionError("refused")
+        except Exception:
+            # what mlflow.utils.rest_utils.http_request raises on a connection failure
+            raise MlflowException("API request failed with exception refused") from None
+    except MlflowException as exc:
+        exc.__context__ = requests.exceptions.ConnectionError("refused")
+        assert isinstance(map_error(exc, "w"), TransientBackendError)
+    assert isinstance(map_error(ValueError("bad"), "w"), PermanentBackendError)
+
+
+def test_http_client_fails_fast_unless_the_user_chose(
+    monkeypatch: pytest.MonkeyPatch, tracking_uri: str
+) -> None:
+    import os
+
+    monkeypatch.delenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", raising=False)
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "77")
+    AsyncMLflowTracker("x", tracking_uri)
+    assert os.environ["MLFLOW_HTTP_REQUEST_MAX_RETRIES"] == "0"
+    assert os.environ["MLFLOW_HTTP_REQUEST_TIMEOUT"] == "77"
+
+
+def test_default_tracking_uri_is_a_local_sqlite_store(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert default_tracking_uri() == f"sqlite:///{DEFAULT_TRACKING_DIR / 'mlflow.db'}"
+    t = MLflowTracker()
+    assert t.tracking_uri.startswith("sqlite:///")
+    assert t.experiment_name.startswith("default-experiment/")
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://example.invalid:5000")
+    assert MLflowTracker().tracking_uri == "http://example.invalid:5000"
+
+
+# -- races and strays --------------------------------------------------------------------------
+def test_concurrent_creation_resolves_to_one_run(
+    tracking_uri: str, experiment_name: str, client: Any
+) -> None:
+    """Four trackers (as four ranks) all find no run and all create one at the same moment:
+    they must agree on one run, and the others must be deleted."""
+    n = 4
+    barrier = threading.Barrier(n, timeout=30)
+
+    class Racing(AsyncMLflowTracker):
+        def _create_candidate(self, run_id: str) -> str:
+            barrier.wait()  # every tracker has searched and found nothing
+            return super()._create_candidate(run_id)
+
+    trackers = [Racing(experiment_name, tracking_uri) for _ in range(n)]
+    trackers[0]._experiment_sync()  # the experiment exists; the race is on the run
+    with ThreadPoolExecutor(n) as pool:
+        uuids = list(pool.map(lambda t: t._resolve_sync("raced", True), trackers))
+    assert len(set(uuids)) == 1
+    (live,) = runs_of(client, experiment_name)
+    assert live.info.run_id == uuids[0]
+    assert len(runs_of(client, experiment_name, deleted=True)) == n - 1
+
+
+def test_a_deleted_run_is_looked_up_again(tracker: MLflowTracker, client: Any) -> None:
+    tracker.add_metadata("r", a=1)
+    first = tracker.get_run_id("r")
+    client.delete_run(first)
+    with AppRun("r", [tracker], flush_interval=3600, retry=FAST_RETRY) as run:
+        run.add_metadata(b=2)
+        report = run.flush()
+    assert report.ok, report
+    assert tracker.get_run_id("r") != first
+    assert tracker.metadata("r") == {"b": 2}
+
+
+def test_a_run_made_by_torchx_is_adopted(
+    tracker: MLflowTracker, client: Any, experiment_name: str
+) -> None:
+    exp_id = tracker.experiment_id
+    torchx_run = client.create_run(exp_id, run_name="torchx-app-42")
+    client.set_tag(torchx_run.info.run_id, "torchx_key", "value")
+    tracker.add_metadata("torchx-app-42", ours=True)
+    assert tracker.get_run_id("torchx-app-42") == torchx_run.info.run_id
+    assert tracker.metadata("torchx-app-42") == {"torchx_key": "value", "ours": True}
+    assert len(runs_of(client, experiment_name)) == 1
+
+
+def test_artifacts_with_any_name_are_tags_of_bounded_keys(tracker: MLflowTracker) -> None:
+    name = "a name with / slashes, commas, 'quotes' and " + "x" * 300
+    tracker.add_artifact("r", name, "s3://bucket/key", {"epoch": 1})
+    assert tracker.artifacts("r") == {name: TrackerArtifact(name, "s3://bucket/key", {"epoch": 1})}
+    assert all(len(k) <= 250 for k in tracker.get_run("r").data.tags)
