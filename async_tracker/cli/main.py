@@ -32,9 +32,7 @@ def parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--tracker", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
     common.add_argument("--config", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
-    common.add_argument(
-        "--json", action="store_true", default=argparse.SUPPRESS, help="print JSON"
-    )
+    common.add_argument("--json", action="store_true", default=argparse.SUPPRESS, help="print JSON")
 
     p = argparse.ArgumentParser(
         prog="async-tracker",

@@ -79,8 +79,12 @@ def draw(curves: Curves, metrics: Sequence[str]) -> Figure:
                 labels.append(label)
     # Above the panels, outside them: run ids are long and would hide the curves.
     fig.legend(
-        handles, labels, loc="outside upper center", ncols=min(len(labels), 2),
-        fontsize="small", frameon=False,
+        handles,
+        labels,
+        loc="outside upper center",
+        ncols=min(len(labels), 2),
+        fontsize="small",
+        frameon=False,
     )
     return fig
 
@@ -123,8 +127,10 @@ def register(
     )
     p.add_argument("RUN_ID", nargs="+", help="runs to overlay")
     p.add_argument(
-        "--metric", action="append", metavar="NAME", help="a metric to draw (repeatable; "
-        "default: all)"
+        "--metric",
+        action="append",
+        metavar="NAME",
+        help="a metric to draw (repeatable; default: all)",
     )
     p.add_argument("-o", "--output", required=True, metavar="FILE", help="FILE.png or FILE.svg")
     p.add_argument("--dpi", type=int, default=120, help="resolution of a PNG (default: 120)")

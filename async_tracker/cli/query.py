@@ -81,9 +81,7 @@ def _walk(
     if depth > 1:
         lineage = t.lineage(edge.source_run_id)
         edges = lineage.parents if key == "parents" else lineage.descendants
-        node[key] = [
-            _walk(t, e, key, depth - 1, path | {edge.source_run_id}) for e in edges
-        ]
+        node[key] = [_walk(t, e, key, depth - 1, path | {edge.source_run_id}) for e in edges]
     return node
 
 
@@ -110,9 +108,7 @@ def cmd_lineage(t: TrackerBase, args: argparse.Namespace) -> tuple[object, str]:
     data = {
         "run_id": args.RUN_ID,
         "parents": [_walk(t, e, "parents", args.depth, root) for e in lineage.parents],
-        "descendants": [
-            _walk(t, e, "descendants", args.depth, root) for e in lineage.descendants
-        ],
+        "descendants": [_walk(t, e, "descendants", args.depth, root) for e in lineage.descendants],
     }
     lines = [args.RUN_ID, "├── parents"]
     lines += _tree_lines(data["parents"], "parents", "│   ")

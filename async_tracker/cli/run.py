@@ -185,14 +185,18 @@ def cmd_run(args: argparse.Namespace) -> int:
             print(shlex.join(command))
         return 0
     if args.json:
-        print(to_json({"run_id": run_id, "command": command}, indent=None), file=sys.stderr,
-              flush=True)
+        print(
+            to_json({"run_id": run_id, "command": command}, indent=None),
+            file=sys.stderr,
+            flush=True,
+        )
     else:
         warn(f"run {run_id}")
     code = launch(command, env)
     if args.json:
-        print(to_json({"run_id": run_id, "exit_code": code}, indent=None), file=sys.stderr,
-              flush=True)
+        print(
+            to_json({"run_id": run_id, "exit_code": code}, indent=None), file=sys.stderr, flush=True
+        )
     elif code:
         warn(f"run {run_id} exited with code {code}")
     return code

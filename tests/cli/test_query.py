@@ -1,0 +1,303 @@
+"""``list`` and ``lineage`` against a prepared store, configured through ``.torchxconfig``,
+the ``TORCHX_*`` variables and flags; tables for people, ``--json`` for scripts."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from async_tracker.cli.main import main
+from tests.cli.conftest import (
+    CHILD_A,
+    CHILD_B,
+    EMPTY,
+    GRANDCHILD,
+    PARENT,
+    Store,
+    cli,
+    write_torchxconfig,
+)
+
+ALL_RUNS = {PARENT, CHILD_A, CHILD_B, GRANDCHILD, EMPTY}
+
+
+def run_json(capsys: pytest.CaptureFixture[str], *argv: str) -> Any:
+    assert main(["--json", *argv]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+# -- list jobs, metadata, artifacts, metrics -------------------------------------------------
+
+
+def test_list_jobs_table(configured: Store, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["list", "jobs"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == "JOB ID"
+    assert set(lines[1]) == {"-"}
+    assert set(lines[2:]) == ALL_RUNS
+
+
+def test_list_jobs_by_parent(configured: Store, capsys: pytest.CaptureFixture[str]) -> None:
+    assert sorted(run_json(capsys, "list", "jobs", "--parent-run-id", PARENT)) == [
+        CHILD_A,
+        CHILD_B,
+    ]
+    assert run_json(capsys, "list", "jobs", "--parent-run-id", CHILD_A) == [GRANDCHILD]
+
+
+def test_json_flag_after_the_subcommand(
+    configured: Store, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["list", "jobs", "--json"]) == 0
+    assert set(json.loads(capsys.readouterr().out)) == ALL_RUNS
+
+
+def test_list_metadata(configured: Store, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["list", "metadata", PARENT]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].split() == ["ID", "VALUE"]
+    assert [line.split(None, 1) for line in out[2:]] == [
+        ["model", "mlp"],
+        ["lr", "0.05"],
+        ["layers", "[64, 64]"],
+    ]
+    assert run_json(capsys, "list", "metadata", PARENT) == {
+        "model": "mlp",
+        "lr": 0.05,
+        "layers": [64, 64],
+    }
+
+
+def test_list_artifacts(configured: Store, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["list", "artifacts", PARENT]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].split() == ["ARTIFACT", "PATH", "METADATA"]
+    assert any(line.split()[:2] == ["checkpoint", "/ckpt/step-9.pt"] for line in out)
+    data = run_json(capsys, "list", "artifacts", "--artifact", "checkpoint", PARENT)
+    assert data == [{"name": "checkpoint", "path": "/ckpt/step-9.pt", "metadata": {"step": 9}}]
+
+
+def test_list_metrics(configured: Store, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["list", "metrics", PARENT]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].split() == ["METRIC", "LAST", "MIN", "MAX", "COUNT", "LAST", "STEP"]
+    assert out[2].split() == ["loss", "0.1", "0.1", "1", "10", "9"]
+    data = run_json(capsys, "list", "metrics", PARENT)
+    assert data["accuracy"] == {"last": 0.9, "min": 0.0, "max": 0.9, "count": 10, "last_step": 9}
+    # NaN and infinities are stored faithfully; JSON has no token for them, so they are null.
+    assert data["grad_norm"] == {"last": 2.0, "min": 2.0, "max": None, "count": 3, "last_step": 2}
+
+
+def test_list_metrics_of_a_run_without_metrics(
+    configured: Store, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert run_json(capsys, "list", "metrics", EMPTY) == {}
+
+
+# -- lineage ---------------------------------------------------------------------------------
+
+
+def test_lineage_tree(configured: Store, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["lineage", PARENT]) == 0
+    assert capsys.readouterr().out.splitlines() == [
+        PARENT,
+        "├── parents",
+        "└── descendants",
+        f"    ├── {CHILD_A}",
+        f"    │   └── {GRANDCHILD}",
+        f"    └── {CHILD_B}  [checkpoint]",
+    ]
+    assert main(["lineage", GRANDCHILD]) == 0
+    assert capsys.readouterr().out.splitlines() == [
+        GRANDCHILD,
+        "├── parents",
+        f"│   └── {CHILD_A}",
+        f"│       └── {PARENT}",
+        "└── descendants",
+    ]
+
+
+def test_lineage_json_and_depth(configured: Store, capsys: pytest.CaptureFixture[str]) -> None:
+    data = run_json(capsys, "lineage", PARENT)
+    assert data == {
+        "run_id": PARENT,
+        "parents": [],
+        "descendants": [
+            {
+                "run_id": CHILD_A,
+                "artifact": None,
+                "descendants": [{"run_id": GRANDCHILD, "artifact": None, "descendants": []}],
+            },
+            {"run_id": CHILD_B, "artifact": "checkpoint", "descendants": []},
+        ],
+    }
+    shallow = run_json(capsys, "lineage", "--depth", "1", PARENT)
+    assert shallow["descendants"] == [
+        {"run_id": CHILD_A, "artifact": None},
+        {"run_id": CHILD_B, "artifact": "checkpoint"},
+    ]
+
+
+# -- which tracker ---------------------------------------------------------------------------
+
+
+def test_flags_without_any_config(store: Store, capsys: pytest.CaptureFixture[str]) -> None:
+    flags = ["--tracker", "fsspec", "--config", str(store.config)]
+    assert set(run_json(capsys, *flags, "list", "jobs")) == ALL_RUNS
+    # ... and after the subcommand.
+    assert main(["list", "metadata", PARENT, *flags, "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["model"] == "mlp"
+
+
+def test_flags_override_the_torchxconfig(
+    store: Store, writable_store: Store, isolated: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    write_torchxconfig(isolated, writable_store)  # an empty store
+    assert run_json(capsys, "list", "jobs") == []
+    assert (
+        set(run_json(capsys, "--config", str(store.config), "--tracker", "fsspec", "list", "jobs"))
+        == ALL_RUNS
+    )
+
+
+def test_environment_variables(
+    store: Store, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("TORCHX_TRACKERS", "fsspec")
+    monkeypatch.setenv("TORCHX_TRACKER_FSSPEC_CONFIG", str(store.config))
+    assert set(run_json(capsys, "list", "jobs")) == ALL_RUNS
+
+
+def test_environment_config_overrides_the_file(
+    store: Store,
+    writable_store: Store,
+    isolated: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    write_torchxconfig(isolated, writable_store)
+    monkeypatch.setenv("TORCHX_TRACKER_FSSPEC_CONFIG", str(store.config))
+    assert set(run_json(capsys, "list", "jobs")) == ALL_RUNS
+
+
+def test_home_config_and_working_directory_wins(
+    store: Store,
+    writable_store: Store,
+    isolated: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    write_torchxconfig(tmp_path / "home", store)
+    assert set(run_json(capsys, "list", "jobs")) == ALL_RUNS
+    write_torchxconfig(isolated, writable_store)
+    assert run_json(capsys, "list", "jobs") == []
+
+
+def test_torchxconfig_variable_names_the_file(
+    store: Store,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.setenv("TORCHXCONFIG", str(write_torchxconfig(elsewhere, store)))
+    assert set(run_json(capsys, "list", "jobs")) == ALL_RUNS
+
+
+def test_factory_named_by_value(
+    store: Store, isolated: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    write_torchxconfig(isolated, store, name="mine", factory="tests.cli.factories:create")
+    assert set(run_json(capsys, "list", "jobs")) == ALL_RUNS
+    # --tracker with a configured name keeps that name's factory and config.
+    assert set(run_json(capsys, "--tracker", "mine", "list", "jobs")) == ALL_RUNS
+
+
+# -- errors: a message and exit code 2, never a traceback ------------------------------------
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["list", "metadata", "local://nope"],
+        ["list", "artifacts", "local://nope"],
+        ["list", "metrics", "local://nope"],
+        ["lineage", "local://nope"],
+        ["plot", "local://nope", "-o", "out.png"],
+    ],
+)
+def test_unknown_run_id(
+    configured: Store, argv: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(argv) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert "unknown run id 'local://nope'" in captured.err
+    assert "Traceback" not in captured.err
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [["list", "jobs"], ["list", "metadata", PARENT], ["lineage", PARENT], ["run", "--", "true"]],
+)
+def test_no_tracker_configured(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "no tracker configured" in err
+    assert "Traceback" not in err
+
+
+def test_unknown_factory(store: Store, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--tracker", "no_such_tracker", "list", "jobs"]) == 2
+    err = capsys.readouterr().err
+    assert "no tracker factory named 'no_such_tracker'" in err
+    assert "Traceback" not in err
+
+
+def test_bad_config_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert (
+        main(["--tracker", "fsspec", "--config", str(tmp_path / "missing.cfg"), "list", "jobs"])
+        == 2
+    )
+    assert "cannot read tracker config" in capsys.readouterr().err
+
+
+def test_config_without_tracker(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--config", "x.cfg", "list", "jobs"]) == 2
+    assert "--config needs --tracker" in capsys.readouterr().err
+
+
+def test_usage_error_returns_2(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["list", "nonsense"]) == 2
+    assert "invalid choice" in capsys.readouterr().err
+    assert main(["--help"]) == 0
+
+
+# -- as a command ----------------------------------------------------------------------------
+
+
+def test_as_a_child_process(configured: Store) -> None:
+    ok = cli("--json", "list", "jobs")
+    assert ok.returncode == 0, ok.stderr
+    assert set(json.loads(ok.stdout)) == ALL_RUNS
+    bad = cli("list", "metadata", "local://nope")
+    assert bad.returncode == 2
+    assert bad.stdout == ""
+    assert bad.stderr.startswith("async-tracker: unknown run id")
+    assert "Traceback" not in bad.stderr
+
+
+def test_console_script(configured: Store) -> None:
+    script = Path(sys.executable).parent / "async-tracker"
+    if not script.exists():
+        pytest.skip("the async-tracker script is not installed next to this interpreter")
+    out = subprocess.run(
+        [str(script), "list", "jobs"], capture_output=True, text=True, timeout=60, check=True
+    )
+    assert PARENT in out.stdout
