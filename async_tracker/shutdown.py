@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import atexit
 import logging
+import multiprocessing.util
 import os
 import signal
 import threading
@@ -101,5 +102,21 @@ def _after_fork_in_child() -> None:
         run._reset_after_fork()
 
 
+class _Token:
+    """Keeps the multiprocessing after-fork registration alive (it holds a weak reference)."""
+
+
+_mp_token = _Token()
+
+
+def _close_at_multiprocessing_exit(_: object) -> None:
+    # multiprocessing's fork and forkserver children (DataLoader workers) end with os._exit:
+    # atexit never runs there, and whatever they logged since the last flush would be lost
+    # silently. Their exit does run multiprocessing's own finalizers; this hook runs in each
+    # child after it has cleared the parent's finalizers, so close the runs there.
+    multiprocessing.util.Finalize(None, close_all, exitpriority=100)
+
+
 atexit.register(close_all)
 os.register_at_fork(after_in_child=_after_fork_in_child)
+multiprocessing.util.register_after_fork(_mp_token, _close_at_multiprocessing_exit)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -52,7 +53,7 @@ def child() -> Iterator[Callable[..., Child]]:
     """Starts child interpreters and kills whatever is left of them after the test."""
     children: list[Child] = []
 
-    def start(script: str, *args: str, **env: str) -> Child:
+    def start(script: str | Path, *args: str, **env: str) -> Child:
         c = Child(script, *args, **env)
         children.append(c)
         return c

@@ -31,12 +31,14 @@ def python_env(**extra: str) -> dict[str, str]:
 
 
 class Child:
-    """``python -c script args...`` with pipes, read line by line with deadlines (select on
-    the pipe: the test waits for what the child says, never for a fixed time)."""
+    """``python -c script args...`` (or ``python script.py args...`` for a Path) with pipes,
+    read line by line with deadlines (select on the pipe: the test waits for what the child
+    says, never for a fixed time)."""
 
-    def __init__(self, script: str, *args: str, **env: str) -> None:
+    def __init__(self, script: str | Path, *args: str, **env: str) -> None:
+        command = [str(script)] if isinstance(script, Path) else ["-c", script]
         self.proc = subprocess.Popen(
-            [sys.executable, "-c", script, *args],
+            [sys.executable, *command, *args],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,

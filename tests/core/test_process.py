@@ -150,6 +150,58 @@ def test_forked_child_of_a_closed_run_cannot_write(make_run: MakeRun) -> None:
     assert run_in_fork(child)[1] == {"raised": True}
 
 
+MULTIPROCESSING_SCRIPT = """
+import multiprocessing, os, sys
+from async_tracker import AppRun
+from tests.faulty import FileTracker
+
+run = AppRun("r", [FileTracker(sys.argv[1])], flush_interval=3600)
+run.add_metadata(buffered_in_parent=True)  # still buffered when the workers fork
+
+def worker(n):
+    # A DataLoader worker: logs, returns, and multiprocessing ends it with os._exit.
+    for i in range(n):
+        run.log_metric(f"worker{os.getpid()}", float(i), step=i)
+
+if __name__ == "__main__":
+    ctx = multiprocessing.get_context(sys.argv[2])
+    workers = [ctx.Process(target=worker, args=(100,)) for _ in range(2)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
+    print(*[w.pid for w in workers], *[w.exitcode for w in workers], flush=True)
+    run.close()
+"""
+
+
+@pytest.mark.parametrize("method", ["fork", "forkserver", "spawn"])
+def test_multiprocessing_workers_deliver_before_they_exit(
+    tmp_path: Path, child: Callable[..., Child], method: str
+) -> None:
+    # fork: the workers inherit the run (reset, empty) and leave through os._exit, so no
+    # atexit hook runs. forkserver and spawn: the workers import the script and build a run
+    # of their own.
+    path = tmp_path / "records.jsonl"
+    script = tmp_path / "train.py"
+    script.write_text(MULTIPROCESSING_SCRIPT)
+    proc = child(script, str(path), method)
+    pid1, pid2, code1, code2 = map(int, proc.readline(timeout=60).split())
+    assert (code1, code2) == (0, 0)
+    assert proc.wait(timeout=30) == 0, proc.stderr()
+    lines = FileTracker(path).lines()
+    for pid in (pid1, pid2):
+        steps = [p[2] for x in lines if x["pid"] == pid for p in x.get("points", [])]
+        assert steps == list(range(100)), f"worker {pid} delivered {len(steps)} of 100 points"
+    metadata = [(x["pid"], x["metadata"]) for x in lines if x["op"] == "metadata"]
+    writers = sorted(pid for pid, m in metadata if m == {"buffered_in_parent": True})
+    assert len(metadata) == len(writers)
+    if method == "fork":
+        assert writers == [proc.proc.pid]  # written by the parent, once
+    else:  # the workers ran the module's top level: each built and closed a run of its own
+        assert writers == sorted([proc.proc.pid, pid1, pid2])
+
+
 # -- SIGTERM --------------------------------------------------------------------------------------
 
 SIGTERM_SCRIPT = """
