@@ -38,8 +38,15 @@ class Store:
         return FsspecTracker(LocalFileSystem(), str(self.root))
 
 
+@pytest.fixture(scope="session")
+def _mpl_config_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("matplotlib")
+
+
 @pytest.fixture(autouse=True)
-def isolated(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+def isolated(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, _mpl_config_dir: Path
+) -> Iterator[Path]:
     """A working directory and HOME of the test's own (the machine's ~/.torchxconfig is
     ignored), no TORCHX_* or ASYNC_TRACKER_* variable, no run_from_env() singleton."""
     for var in list(os.environ):
@@ -50,6 +57,9 @@ def isolated(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     home.mkdir()
     work.mkdir()
     monkeypatch.setenv("HOME", str(home))
+    # matplotlib keeps its font cache under HOME: one for the session spares each child
+    # process that plots a rebuild.
+    monkeypatch.setenv("MPLCONFIGDIR", str(_mpl_config_dir))
     monkeypatch.chdir(work)
     async_tracker.run._env_run = None
     yield work

@@ -1,0 +1,63 @@
+"""The examples, run top to bottom as a user would (smoke tests: they exit 0 and show what
+they promise)."""
+
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.cli.conftest import REPO, child_env
+
+EXAMPLES = REPO / "examples"
+
+
+def run_example(name: str, *args: str, cwd: Path) -> str:
+    proc = subprocess.run(
+        [sys.executable, str(EXAMPLES / name), *args],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        env=child_env(),
+        stdin=subprocess.DEVNULL,
+        timeout=120,
+    )
+    assert proc.returncode == 0, f"{name} failed:\n{proc.stdout}\n{proc.stderr}"
+    assert "Traceback" not in proc.stderr, proc.stderr
+    return proc.stdout
+
+
+def test_train_loop(isolated: Path) -> None:
+    out = run_example("train_loop.py", "--dir", "runs", "--steps", "50", cwd=isolated)
+    assert "records delivered, ok=True" in out
+    assert "final_loss" in out
+    assert "/checkpoints/step-49.pt" in out
+    assert "loss" in out.split("$ async-tracker list metrics", 1)[1]
+    if importlib.util.find_spec("matplotlib") is not None:
+        assert (isolated / "runs" / "curves.png").read_bytes().startswith(b"\x89PNG")
+
+
+def test_orchestrator(isolated: Path) -> None:
+    out = run_example("orchestrator.py", "--dir", "runs", "--trials", "3", "--steps", "20",
+                      cwd=isolated)  # fmt: skip
+    tree = out.split("$ async-tracker lineage ", 1)[1].split("\n\n", 1)[0].splitlines()
+    sweep_id = tree[0]
+    assert tree[1:3] == [sweep_id, "├── parents"]
+    trials = [line.split("── ", 1)[1] for line in tree[4:]]
+    assert len(trials) == 3
+    assert all(t.startswith("local://async_tracker/trial") for t in trials)
+    assert "best_run" in out
+
+
+def test_s3_setup(isolated: Path) -> None:
+    for module in ("s3fs", "boto3", "moto"):
+        pytest.importorskip(module)
+    out = run_example("s3_setup.py", "--dir", "cfg", "--steps", "5", cwd=isolated)
+    assert "client_kwargs.endpoint_url=http://127.0.0.1:" in out
+    run_id = out.split("$ async-tracker list metrics ", 1)[1].splitlines()[0]
+    assert run_id.startswith("local://examples/s3-")
+    assert run_id in out.split("$ async-tracker list jobs", 1)[1]
+    assert "5      4" in out  # COUNT and LAST STEP of the loss
