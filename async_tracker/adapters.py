@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import functools
+import os
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from typing import Any, TypeVar
 
@@ -46,6 +47,18 @@ def thread_limiter() -> anyio.CapacityLimiter:
     if _limiter is None:
         _limiter = anyio.CapacityLimiter(DEFAULT_THREAD_LIMIT)
     return _limiter
+
+
+def _forget_limiter() -> None:
+    # A forked child inherits the parent's limiter with the tokens of the parent's calls in
+    # flight, which never come back there (their threads do not exist): with enough of them
+    # (hung backends) the child's blocking backends could never run. It belonged to the
+    # parent's loop anyway; the child's loop creates its own.
+    global _limiter
+    _limiter = None
+
+
+os.register_at_fork(after_in_child=_forget_limiter)
 
 
 async def run_blocking(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:

@@ -121,6 +121,8 @@ def metric_value(name: str, value: object) -> float:
         raise TypeError(f"metric {name!r}: value must be a number, got {type(value).__name__}")
     try:
         return float(value)  # type: ignore[arg-type]
+    except OverflowError as exc:  # an int beyond float's range: no key in float()'s message
+        raise ValueError(f"metric {name!r}: value is out of the float range") from exc
     except (TypeError, ValueError) as exc:
         raise TypeError(
             f"metric {name!r}: value {value!r} of type {type(value).__name__} is not a number"

@@ -152,7 +152,9 @@ class AppRun:
         self._append: Callable[[tuple[Any, ...]], None] = (
             self._first_append if self._async_backends else _discard
         )
-        self._warn_skipped_metrics()
+        if not _backend_names or _owns_backends:
+            # Not for the read-only runs _relative() makes: the run they came from said it.
+            self._warn_skipped_metrics()
         shutdown.register(self)
         if self._async_backends:
             shutdown.install_sigterm_handler()

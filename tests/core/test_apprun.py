@@ -144,6 +144,20 @@ def test_plain_trackerbase_gets_all_but_metrics(
     assert status["plain"].delivered == 3 and status["InMemoryTracker"].delivered == 4
 
 
+def test_skipped_metrics_are_said_once(
+    make_run: MakeRun, caplog: pytest.LogCaptureFixture
+) -> None:
+    plain = DictTracker(name="plain")
+    run = make_run("r", [plain])
+    for parent in ("p1", "p2", "p3"):
+        run.add_source(parent)
+    sources = run.sources()  # each source is an AppRun over the same backends
+    assert [s.parent.id for s in sources] == ["p1", "p2", "p3"]
+    assert [s.parent.metadata() for s in sources] == [{}, {}, {}]
+    warnings = [r for r in caplog.records if "without a metric method" in r.getMessage()]
+    assert len(warnings) == 1
+
+
 def test_run_without_backends_records_nothing(make_run: MakeRun) -> None:
     run = make_run("nothing")
     run.add_metadata(a=1)
@@ -231,6 +245,8 @@ BAD_CALLS: list[tuple[str, Callable[[AppRun], None], type[Exception], str]] = [
     ("metric value None", lambda r: r.log_metric("loss", None), TypeError, "loss"),  # type: ignore[arg-type]
     ("metric value array", lambda r: r.log_metric("loss", np.zeros(2)), TypeError, "loss"),
     ("metric value object", lambda r: r.log_metric("loss", object()), TypeError, "loss"),  # type: ignore[arg-type]
+    ("metric value too big", lambda r: r.log_metric("loss", 10**400), ValueError, "loss"),
+    ("metrics too big", lambda r: r.log_metrics({"ok": 1, "big": 10**400}), ValueError, "big"),
     ("step float", lambda r: r.log_metric("loss", 1.0, step=1.5), TypeError, "loss"),  # type: ignore[arg-type]
     ("step str", lambda r: r.log_metric("loss", 1.0, step="1"), TypeError, "loss"),  # type: ignore[arg-type]
     ("step bool", lambda r: r.log_metric("loss", 1.0, step=True), TypeError, "loss"),

@@ -12,6 +12,7 @@ import os
 import select
 import signal
 import sys
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -19,8 +20,9 @@ from typing import Any
 import pytest
 
 from async_tracker import AppRun, TrackerClosedError
+from async_tracker.settings import DEFAULT_THREAD_LIMIT
 from tests.core.helpers import Child
-from tests.faulty import DictTracker, FileTracker
+from tests.faulty import DictTracker, FileTracker, HangingTracker
 
 MakeRun = Callable[..., AppRun]
 
@@ -133,6 +135,30 @@ def test_forked_child_of_a_run_never_written_before(tmp_path: Path, make_run: Ma
     assert result == {"delivered": 1}
     assert [x["pid"] for x in files.lines()] == [pid]
     assert run.flush().delivered == 0
+
+
+def test_forked_child_is_not_starved_by_the_parents_hung_threads(make_run: MakeRun) -> None:
+    # Every worker-thread slot of the parent is taken by a backend hung in its thread when
+    # the process forks: the child's blocking backends must still get threads.
+    release = threading.Event()
+    hung = [HangingTracker(release=release, name=f"h{i}") for i in range(DEFAULT_THREAD_LIMIT)]
+    try:
+        run = make_run("r", hung)
+        run.add_metadata(a=1)
+        run.flush(timeout=0)
+        for h in hung:
+            assert h.entered.wait(10)
+
+        def child() -> dict[str, Any]:
+            plain = DictTracker()
+            other = AppRun("c", [plain], flush_interval=3600)
+            other.add_metadata(b=2)
+            report = other.close(timeout=10)
+            return {"ok": report.ok, "stored": dict(plain.metadata("c"))}
+
+        assert run_in_fork(child)[1] == {"ok": True, "stored": {"b": 2}}
+    finally:
+        release.set()
 
 
 def test_forked_child_of_a_closed_run_cannot_write(make_run: MakeRun) -> None:
