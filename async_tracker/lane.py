@@ -75,6 +75,10 @@ class Lane:
         self._replay: deque[Path] = deque()  # sealed segments, oldest first
         self._replay_batches: deque[Batch] | None = None  # what is left of _replay[0]
         self._oldest_on_disk: float | None = None
+        # Until the lane has looked for segments an earlier process left, it is not settled:
+        # a flush() must wait for their replay.
+        self._adopting = spool is not None
+        self._spool_broken_until = 0.0  # after a spool write failed: keep records in memory
         self._bound = False
 
     def bind(self) -> None:
@@ -98,7 +102,13 @@ class Lane:
         if mine.is_empty():
             return
         self.in_flight += mine.records
-        if self.spool is not None and (self.spilling or self.in_flight > self.max_buffered):
+        if self.spool is not None and (
+            self.spilling
+            or (
+                self.in_flight > self.max_buffered
+                and time.monotonic() >= self._spool_broken_until
+            )
+        ):
             if not self.spilling:
                 logger.info(
                     "async_tracker: backend %s of run %r holds %d records; spooling to %s",
@@ -120,7 +130,9 @@ class Lane:
 
     def settled(self) -> bool:
         """Nothing left to try now: all delivered, or parked until the backend is back."""
-        return self.parked or (self.in_flight == 0 and not self.spilling_pending())
+        return self.parked or (
+            self.in_flight == 0 and not self._adopting and not self.spilling_pending()
+        )
 
     def spilling_pending(self) -> bool:
         return self.spilling and (self.spooled > 0 or bool(self._replay))
@@ -200,7 +212,9 @@ class Lane:
             segments = await self.spool.take()
         except OSError as exc:
             self.last_error = f"spool: {describe(exc)}"
-            return
+            segments = []
+        finally:
+            self._adopting = False
         if segments:
             logger.info(
                 "async_tracker: replaying %d spooled segments of run %r into %s",
@@ -227,6 +241,16 @@ class Lane:
                     self.last_error = f"spool: {describe(exc)}"
                     self.healthy = False
                     logger.error("async_tracker: spooling for %s failed: %s", self.name, exc)
+                    self._spool_broken_until = time.monotonic() + self.policy.cooldown_s
+                    if self.spooled == 0 and not self._replay:
+                        # Nothing older is on disk, so delivering these from memory keeps
+                        # the order: stop spilling until the cooldown has passed.
+                        now = time.monotonic()
+                        self.queue.extend((b, now) for b in self._to_spool)
+                        self._to_spool.clear()
+                        self.spilling = False
+                        self._work.set()
+                        break
                     with anyio.move_on_after(self.policy.cooldown_s):
                         await self._kick.wait()
                     continue

@@ -62,6 +62,7 @@ from async_tracker.records import (
 from async_tracker.report import FlushReport, TrackerStatus
 from async_tracker.retry import RetryPolicy
 from async_tracker.settings import CLOSE_SLACK_S, RunOptions
+from async_tracker.spool import default_spool_dir, has_spool
 
 logger = logging.getLogger(__name__)
 
@@ -158,6 +159,10 @@ class AppRun:
         shutdown.register(self)
         if self._async_backends:
             shutdown.install_sigterm_handler()
+            if has_spool(self.options.spool_dir or default_spool_dir(), self.id):
+                # An earlier process left records of this run on disk: replay them now,
+                # not at the first write, which may never come.
+                self._ensure_started()
 
     # -- torchx's construction from the environment ----------------------------------------
     @staticmethod

@@ -27,17 +27,20 @@ keep the process alive.
 from __future__ import annotations
 
 import asyncio
+import binascii
 import concurrent.futures
 import fcntl
 import json
 import logging
+import operator
 import os
 import re
 import secrets
 import threading
 import time
 import zlib
-from base64 import b32decode, b32encode
+from array import array
+from base64 import b32decode, b32encode, b64decode, b64encode
 from collections.abc import Callable, Iterable
 from concurrent.futures import Future
 from pathlib import Path
@@ -103,21 +106,55 @@ def run_dir_name(run_id: str) -> str:
 # -- encoding ---------------------------------------------------------------------------------
 
 
+def _encode_metrics(metrics: list[TrackerMetric]) -> list[object]:
+    """Metrics as a name table and base64 columns of machine numbers: C loops only, several
+    times faster than JSON numbers (spooling must keep pace with a stalled backend's load)."""
+    if not metrics:
+        return [[], "", "", "", ""]
+    names = list(map(_NAME, metrics))
+    table = list(dict.fromkeys(names))
+    index = {n: i for i, n in enumerate(table)}
+
+    def column(code: str, values: Iterable[object]) -> str:
+        return b64encode(array(code, values).tobytes()).decode("ascii")  # type: ignore[type-var]
+
+    return [
+        table,
+        column("I", map(index.__getitem__, names)),
+        column("d", map(_VALUE, metrics)),
+        column("q", map(_STEP, metrics)),
+        column("d", map(_TIME, metrics)),
+    ]
+
+
+def _decode_metrics(cols: list[Any]) -> list[TrackerMetric]:
+    table, idx, values, steps, times = cols
+    arrays = []
+    for code, data in (("I", idx), ("d", values), ("q", steps), ("d", times)):
+        a = array(code)
+        a.frombytes(b64decode(data))
+        arrays.append(a)
+    if not len(arrays[0]) == len(arrays[1]) == len(arrays[2]) == len(arrays[3]):
+        raise ValueError("metric columns differ in length")
+    return [
+        _new_metric(TrackerMetric, (table[i], v, s, t))
+        for i, v, s, t in zip(*arrays)
+    ]
+
+
+_new_metric = tuple.__new__
+_NAME, _VALUE, _STEP, _TIME = (operator.itemgetter(i) for i in range(4))
+
+
 def encode_batch(batch: Batch) -> bytes:
     """One line: crc32 of the JSON, a space, the JSON (metrics as columns), a newline."""
-    names = [m.name for m in batch.metrics]
     body = {
         "seq": batch.seq,
         "records": batch.records,
         "metadata": batch.metadata,
         "artifacts": [[a.name, a.path, a.metadata] for a in batch.artifacts.values()],
         "sources": [[s.source_run_id, s.artifact_name] for s in batch.sources],
-        "metrics": [
-            names,
-            [m.value for m in batch.metrics],
-            [m.step for m in batch.metrics],
-            [m.timestamp for m in batch.metrics],
-        ],
+        "metrics": _encode_metrics(batch.metrics),
         "names": batch.names,
         "done": sorted(batch.done),
     }
@@ -131,16 +168,12 @@ def decode_batch(line: bytes) -> Batch:
     if not sep or len(crc) != 8 or int(crc, 16) != zlib.crc32(data):
         raise ValueError("checksum mismatch")
     body = json.loads(data)
-    names, values, steps, times = body["metrics"]
     return Batch(
         seq=int(body["seq"]),
         metadata=dict(body["metadata"]),
         artifacts={a[0]: TrackerArtifact(a[0], a[1], a[2]) for a in body["artifacts"]},
         sources=[TrackerSource(s[0], s[1]) for s in body["sources"]],
-        metrics=[
-            TrackerMetric(n, float(v), int(s), float(t))
-            for n, v, s, t in zip(names, values, steps, times, strict=True)
-        ],
+        metrics=_decode_metrics(body["metrics"]),
         records=int(body["records"]),
         done=set(body["done"]),
         names=dict(body["names"]),
@@ -156,7 +189,7 @@ def read_segment_bytes(data: bytes, where: str) -> list[Batch]:
             continue
         try:
             batches.append(decode_batch(line))
-        except (ValueError, KeyError, TypeError, IndexError):
+        except (ValueError, KeyError, TypeError, IndexError, binascii.Error):
             damaged += 1
     if damaged:
         logger.warning(
@@ -219,7 +252,7 @@ def is_adopted(segment: Path) -> bool:
     return _token_of(segment) != _owner.token
 
 
-def has_spool(spool_dir: Path, run_id: str) -> bool:
+def has_spool(spool_dir: str | Path, run_id: str) -> bool:
     """Whether an earlier process left segments of this run (a cheap check, no lock)."""
     run_dir = Path(spool_dir) / run_dir_name(run_id)
     return run_dir.is_dir() and any(run_dir.glob(f"*/*{SEGMENT_SUFFIX}"))

@@ -111,7 +111,7 @@ def test_sources_append_without_repeats_and_descendants(root: Path, tracker: Fss
     text = (root / encode_run_id(RUN) / "sources" / encode_run_id("parent")).read_text()
     assert text == "\nckpt\n"
     assert list(tracker.sources(RUN, "ckpt")) == [TrackerSource("parent", "ckpt")]
-    assert set(map(tuple, map(lambda s: (s.source_run_id, s.artifact_name), tracker.sources(RUN)))) == {
+    assert {(s.source_run_id, s.artifact_name) for s in tracker.sources(RUN)} == {
         ("parent", None),
         ("parent", "ckpt"),
     }

@@ -1,0 +1,64 @@
+"""Replaying a spool directory into its backends: what ``async-tracker sync`` does.
+
+Each ``<run>/<backend>`` directory of the spool is replayed by an ``AppRun`` of that run over
+the backend of that name (the factory name for backends configured the torchx way), which
+adopts the segments of dead processes and delivers them in order, exactly as a restarted job
+would. Segments still owned by a live process are left to it.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TextIO
+
+from async_tracker.factory import AnyTracker
+from async_tracker.report import FlushReport
+from async_tracker.run import AppRun
+from async_tracker.spool import backend_dir_name, spooled_runs
+
+
+@dataclass
+class SyncResult:
+    """What a sync did: a report per (run id, backend), and what it could not replay."""
+
+    reports: dict[tuple[str, str], FlushReport] = field(default_factory=dict)
+    unknown_backends: list[tuple[str, str]] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.unknown_backends and all(r.ok for r in self.reports.values())
+
+
+def _bar(done: int, total: int, width: int = 30) -> str:
+    filled = width * done // total if total else width
+    return "[" + "#" * filled + "." * (width - filled) + f"] {done}/{total}"
+
+
+def sync_spool(
+    spool_dir: Path,
+    trackers: Mapping[str, AnyTracker],
+    timeout: float | None = None,
+    out: TextIO = sys.stderr,
+) -> SyncResult:
+    """Replays every run spooled under ``spool_dir`` into ``trackers`` (by backend name)."""
+    by_dir = {backend_dir_name(name): (name, t) for name, t in trackers.items()}
+    todo = spooled_runs(spool_dir)
+    result = SyncResult()
+    for i, (run_id, backend_dir, _) in enumerate(todo):
+        if backend_dir not in by_dir:
+            result.unknown_backends.append((run_id, backend_dir))
+            print(f"{_bar(i + 1, len(todo))} {run_id} -> {backend_dir}: no such tracker configured",
+                  file=out)
+            continue
+        name, tracker = by_dir[backend_dir]
+        run = AppRun(run_id, [tracker], spool_dir=str(spool_dir), _backend_names=[name])
+        run.flush(timeout)
+        report = run.close(timeout if timeout is not None else 60.0)
+        result.reports[(run_id, name)] = report
+        state = "ok" if report.ok else f"{report.spooled + report.pending} records left"
+        print(f"{_bar(i + 1, len(todo))} {run_id} -> {name}: {report.delivered} records "
+              f"delivered, {state}", file=out)
+    return result
