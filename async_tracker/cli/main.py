@@ -7,6 +7,7 @@
     async-tracker lineage RUN_ID [--depth N]
     async-tracker plot RUN_ID [RUN_ID ...] [--metric NAME ...] -o FILE.png|FILE.svg
     async-tracker run [--name NAME] [--parent-run-id ID] -- COMMAND ...
+    async-tracker sync [SPOOL_DIR]
 
 The tracker is the first one configured the torchx way (``.torchxconfig``, ``TORCHX_*``), or
 ``--tracker NAME --config CFG``; ``run`` passes on every configured one. ``--json`` prints
@@ -19,7 +20,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from async_tracker.cli import plot, query, run
+from async_tracker.cli import plot, query, run, sync
 from async_tracker.cli.common import EXIT_FAILURE, EXIT_USAGE, CliError, warn
 from async_tracker.errors import TrackerError
 
@@ -48,6 +49,7 @@ def parser() -> argparse.ArgumentParser:
     query.register(sub, common)
     plot.register(sub, common)
     run.register(sub, common)
+    sync.register(sub, common)
     return p
 
 
