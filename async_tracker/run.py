@@ -146,6 +146,9 @@ class AppRun:
         self._start_lock = threading.Lock()
         self._flusher: RunFlusher | None = None
         self._close_report: FlushReport | None = None
+        # The flusher's close, once started: a second close() (another thread, the exit hook,
+        # a close() after a cancelled aclose()) waits for it instead of closing again.
+        self._close_future: concurrent.futures.Future[FlushReport] | None = None
         self.closed = False
         # The hot path calls self._append directly. Until the first write it starts the
         # flusher; after close() it raises. Swapping the function keeps both checks off
@@ -297,7 +300,10 @@ class AppRun:
             return lambda _: report
         if get_loop().in_loop_thread():
             raise RuntimeError("close() cannot be called on the tracker loop; use aclose()")
-        future = get_loop().submit(flusher.close, timeout)
+        with self._start_lock:
+            if self._close_future is None:
+                self._close_future = get_loop().submit(flusher.close, timeout)
+            future = self._close_future
 
         def wait(remaining: float) -> FlushReport:
             try:
@@ -375,6 +381,7 @@ class AppRun:
         next write. Called by :mod:`async_tracker.shutdown`; no other thread exists yet."""
         self._buffer.clear()
         self._flusher = None
+        self._close_future = None
         self._start_lock = threading.Lock()
         if not self.closed and self._async_backends:
             self._append = self._first_append

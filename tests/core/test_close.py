@@ -148,6 +148,44 @@ def test_flush_after_a_close_that_left_records_behind_does_not_hang(
         run.flush()
 
 
+@pytest.mark.parametrize("closers", [2, 8])
+def test_concurrent_closes_close_once(make_run: MakeRun, closers: int) -> None:
+    stuck = FaultyTracker(name="stuck").always("write_batch", Hang())
+    fine = FaultyTracker(name="fine")
+    run = make_run("r", [stuck, fine])
+    run.add_metadata(a=1)
+    start = threading.Barrier(closers)
+    reports: list[FlushReport] = []
+
+    def close() -> None:
+        start.wait()
+        reports.append(run.close(timeout=0.3))
+
+    threads = [threading.Thread(target=close) for _ in range(closers)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    assert len(reports) == closers
+    for report in reports:
+        # One undelivered record, counted (and spooled, where a spool exists) once.
+        assert report.pending >= 0 and undelivered(report) == 1 and report.delivered == 1
+    assert fine.count("write_batch") == 1 and stuck.count("write_batch") == 1
+
+
+async def test_close_after_a_cancelled_aclose_closes_once(make_run: MakeRun) -> None:
+    import anyio
+
+    stuck = FaultyTracker(name="stuck").always("write_batch", Hang())
+    run = make_run("r", [stuck])
+    run.add_metadata(a=1)
+    with anyio.move_on_after(0.05):
+        await run.aclose(timeout=0.5)  # the caller gives up before close() is done
+    report = await anyio.to_thread.run_sync(run.close)
+    assert report.pending >= 0 and undelivered(report) == 1
+    assert stuck.count("write_batch") == 1
+
+
 def test_close_of_many_runs_shares_one_deadline(make_run: MakeRun) -> None:
     from async_tracker import shutdown
 
