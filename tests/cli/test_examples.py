@@ -61,3 +61,11 @@ def test_s3_setup(isolated: Path) -> None:
     assert run_id.startswith("local://examples/s3-")
     assert run_id in out.split("$ async-tracker list jobs", 1)[1]
     assert "5      4" in out  # COUNT and LAST STEP of the loss
+
+
+def test_mlflow_example(isolated: Path) -> None:
+    # Written with the MLflow backend; it starts its own local server.
+    if not (EXAMPLES / "mlflow_example.py").exists():
+        pytest.skip("examples/mlflow_example.py is not there yet")
+    pytest.importorskip("mlflow")
+    run_example("mlflow_example.py", cwd=isolated)
