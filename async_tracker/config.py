@@ -31,18 +31,15 @@ from async_tracker.factory import (
     Factory,
     load_factory,
     tracker_config_env_var_name,
+    tracker_factory_env_var_name,
     trackers_config_from_environ,
 )
 
 TORCHXCONFIG_ENV = "TORCHXCONFIG"
 CONFIG_FILE = ".torchxconfig"
-FACTORY_ENV_PREFIX = "ASYNC_TRACKER_FACTORY_"
 
 
-def factory_env_var_name(name: str) -> str:
-    """``ASYNC_TRACKER_FACTORY_<NAME>``: the factory of tracker ``NAME`` when it is not the
-    name itself (the value of ``name = module:factory`` in ``.torchxconfig``)."""
-    return f"{FACTORY_ENV_PREFIX}{name.upper()}"
+factory_env_var_name = tracker_factory_env_var_name
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import importlib
 import logging
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from importlib.metadata import entry_points
 
 from async_tracker.base import AsyncTrackerBase, TrackerBase
@@ -32,6 +32,15 @@ Factory = Callable[[str | None], AnyTracker]
 def tracker_config_env_var_name(entrypoint_key: str) -> str:
     """``TORCHX_TRACKER_<NAME>_CONFIG``: where the config string of tracker ``NAME`` lives."""
     return f"TORCHX_TRACKER_{entrypoint_key.upper()}_CONFIG"
+
+
+ENV_FACTORY_PREFIX = "ASYNC_TRACKER_FACTORY_"
+
+
+def tracker_factory_env_var_name(name: str) -> str:
+    """``ASYNC_TRACKER_FACTORY_<NAME>``: the factory of tracker ``NAME`` when it is not the
+    name itself (``[torchx:tracker] name=module:factory``, set by ``async-tracker run``)."""
+    return f"{ENV_FACTORY_PREFIX}{name.upper()}"
 
 
 def load_factory(name: str) -> Factory:
@@ -70,11 +79,13 @@ def _callable(name: str, obj: object, where: str) -> Factory:
 
 def build_named_trackers(
     factory_and_config: Mapping[str, str | None],
+    factories: Mapping[str, str] | None = None,
 ) -> list[tuple[str, AnyTracker]]:
-    """Builds each tracker and keeps the name it was built under (the spool key)."""
+    """Builds each tracker and keeps the name it was built under (the spool key).
+    ``factories`` maps a name to its factory where the two differ."""
     built: list[tuple[str, AnyTracker]] = []
     for name, config in factory_and_config.items():
-        factory = load_factory(name)
+        factory = load_factory((factories or {}).get(name) or name)
         try:
             tracker = factory(config)
         except TrackerConfigError:
@@ -106,6 +117,15 @@ def trackers_config_from_environ(
     return {n: env.get(tracker_config_env_var_name(n)) for n in names}
 
 
+def factories_from_environ(
+    names: Iterable[str], environ: Mapping[str, str] | None = None
+) -> dict[str, str]:
+    """``{name: factory}`` from ``ASYNC_TRACKER_FACTORY_<NAME>`` variables."""
+    env = os.environ if environ is None else environ
+    return {n: env[v] for n in names if env.get(v := tracker_factory_env_var_name(n))}
+
+
 def trackers_from_environ() -> list[AnyTracker]:
     """torchx's ``trackers_from_environ``: the trackers ``TORCHX_TRACKERS`` names, built."""
-    return build_trackers(trackers_config_from_environ())
+    config = trackers_config_from_environ()
+    return [t for _, t in build_named_trackers(config, factories_from_environ(config))]

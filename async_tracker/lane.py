@@ -8,7 +8,9 @@ disk is drained. A lane spills when
 * its backend failed past the retry budget (the batch being retried stays in memory; the
   rest go to disk),
 * it holds more than ``max_buffered`` records in memory (a stalled backend),
-* ``durable=True``: every batch is written to disk before delivery (a write-ahead log).
+
+With ``durable=True`` every batch is also written to disk before it is delivered (a
+write-ahead log): it is then delivered from memory, and its segment removed once delivered.
 
 Two tasks per lane, both on the tracker loop: the deliverer, and the spool writer, so that a
 backend hung in a write can never stop records from reaching the disk.
@@ -70,8 +72,12 @@ class Lane:
         # Parked: the retry budget ran out; the lane waits for its cooldown or a kick from
         # flush()/close() before trying again.
         self.parked = False
-        self.spilling = self.durable
+        self.spilling = False
         self._to_spool: list[Batch] = []
+        # Write-ahead log (durable): the segment of each logged batch held in memory, and how
+        # many batches of each such segment are still undelivered.
+        self._wal_segment: dict[int, Path] = {}
+        self._wal_left: dict[Path, int] = {}
         self._replay: deque[Path] = deque()  # sealed segments, oldest first
         self._replay_batches: deque[Batch] | None = None  # what is left of _replay[0]
         self._oldest_on_disk: float | None = None
@@ -102,19 +108,21 @@ class Lane:
         if mine.is_empty():
             return
         self.in_flight += mine.records
-        if self.spool is not None and (
-            self.spilling
-            or (
-                self.in_flight > self.max_buffered
-                and time.monotonic() >= self._spool_broken_until
-            )
+        if self.spool is None:
+            self.queue.append((mine, time.monotonic()))
+            self._work.set()
+            return
+        if (
+            not self.spilling
+            and self.in_flight > self.max_buffered
+            and time.monotonic() >= self._spool_broken_until
         ):
-            if not self.spilling:
-                logger.info(
-                    "async_tracker: backend %s of run %r holds %d records; spooling to %s",
-                    self.name, self.run_id, self.in_flight, self.spool.path,
-                )
+            logger.info(
+                "async_tracker: backend %s of run %r holds %d records; spooling to %s",
+                self.name, self.run_id, self.in_flight, self.spool.path,
+            )
             self.spilling = True
+        if self.spilling or self.durable:
             self._to_spool.append(mine)
             self._spool_work.set()
         else:
@@ -150,16 +158,16 @@ class Lane:
         """After ``abandon()``: moves what is still in memory to disk (close's last step)."""
         if self.spool is None:
             return
-        batches = [b for b, _ in self.queue] + self._to_spool
-        if not batches:
-            return
-        try:
-            await self.spool.append(batches)
-        except OSError as exc:
-            self.last_error = f"spool: {describe(exc)}"
-            logger.error("async_tracker: cannot spool %s: %s", self.name, self.last_error)
-            return
-        n = sum(b.records for b in batches)
+        logged = [b for b, _ in self.queue if id(b) in self._wal_segment]  # already on disk
+        batches = [b for b, _ in self.queue if id(b) not in self._wal_segment] + self._to_spool
+        if batches:
+            try:
+                await self.spool.append(batches)
+            except OSError as exc:
+                self.last_error = f"spool: {describe(exc)}"
+                logger.error("async_tracker: cannot spool %s: %s", self.name, self.last_error)
+                return
+        n = sum(b.records for b in batches + logged)
         self.queue.clear()
         self._to_spool = []
         self.in_flight -= n
@@ -234,7 +242,9 @@ class Lane:
                 # spool_leftovers() still finds them (a torn line is skipped on replay).
                 batches = list(self._to_spool)
                 try:
-                    await self.spool.append(batches)
+                    # A segment of its own per write-ahead write: its batches are then either
+                    # all in memory or all left on disk, never split.
+                    segment = await self.spool.append(batches, new_segment=self.durable)
                 except OSError as exc:
                     # A full disk: the records stay in memory and count as pending; the
                     # training loop is never told by an exception, status() says it.
@@ -255,11 +265,19 @@ class Lane:
                         await self._kick.wait()
                     continue
                 del self._to_spool[: len(batches)]
-                n = sum(b.records for b in batches)
-                self.in_flight -= n
-                self.spooled += n
-                if self._oldest_on_disk is None:
-                    self._oldest_on_disk = time.monotonic()
+                if self.durable and not self.spilling:
+                    # Logged: deliver from memory; the segment goes once all are delivered.
+                    now = time.monotonic()
+                    for b in batches:
+                        self._wal_segment[id(b)] = segment
+                        self.queue.append((b, now))
+                    self._wal_left[segment] = len(batches)
+                else:
+                    n = sum(b.records for b in batches)
+                    self.in_flight -= n
+                    self.spooled += n
+                    if self._oldest_on_disk is None:
+                        self._oldest_on_disk = time.monotonic()
                 self._work.set()
 
     async def _deliver_forever(self) -> None:
@@ -269,6 +287,7 @@ class Lane:
                 if await self._deliver(batch):
                     self.queue.popleft()
                     self.in_flight -= batch.records
+                    await self._logged_delivered(batch)
                     self._signal_progress()
                 continue
             if self.spilling and await self._deliver_from_disk():
@@ -277,16 +296,28 @@ class Lane:
             await self._work.wait()
             self._work = anyio.Event()
 
+    async def _logged_delivered(self, batch: Batch) -> None:
+        segment = self._wal_segment.pop(id(batch), None)
+        if segment is None:
+            return
+        self._wal_left[segment] -= 1
+        if self._wal_left[segment] == 0:
+            del self._wal_left[segment]
+            assert self.spool is not None
+            await self.spool.delivered(segment)
+
     async def _deliver_from_disk(self) -> bool:
         """Delivers the next spooled batch. False when there is nothing on disk to deliver."""
         assert self.spool is not None
         if not self._replay:
             if self._to_spool:
                 return False  # the writer has it; it wakes us when it is on disk
-            self._replay.extend(await self.spool.take())
+            # Write-ahead segments whose batches are in memory are delivered from there.
+            taken = await self.spool.take()
+            self._replay.extend(s for s in taken if s not in self._wal_left)
             if not self._replay:
                 # Disk drained: new batches may stay in memory again.
-                self.spilling = self.durable
+                self.spilling = False
                 self._oldest_on_disk = None
                 self.spooled = 0
                 return False

@@ -43,6 +43,7 @@ from async_tracker.factory import (
     ENV_TORCHX_PARENT_RUN_ID,
     UNDEFINED_JOB_ID,
     build_named_trackers,
+    factories_from_environ,
     trackers_config_from_environ,
 )
 from async_tracker.flusher import RunFlusher, get_flusher
@@ -252,6 +253,9 @@ class AppRun:
                 # for it: records appended meanwhile simply wait in the buffer.
                 flusher.loop.submit(flusher.add, self._flusher)
                 self._append = self._buffer.append
+                # Held until closed: a run dropped without close() still has records to
+                # deliver, and the exit hook must find it.
+                shutdown.hold(self)
             return self._flusher
 
     def _closed_append(self, record: tuple[Any, ...]) -> None:
@@ -293,6 +297,7 @@ class AppRun:
         with self._start_lock:
             self.closed = True
             self._append = self._closed_append
+        shutdown.release(self)
         flusher = self._flusher
         if self._close_report is not None or flusher is None:
             report = self._close_report or self._idle_report()
@@ -515,7 +520,8 @@ def _build_run_from_env() -> AppRun:
     if job_id == UNDEFINED_JOB_ID:
         # Not launched as a job: no canonical id exists, so nothing is recorded.
         return AppRun(job_id, [], options=options)
-    named = build_named_trackers(trackers_config_from_environ())
+    config = trackers_config_from_environ()
+    named = build_named_trackers(config, factories_from_environ(config))
     run = AppRun(
         job_id,
         [t for _, t in named],

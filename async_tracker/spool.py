@@ -284,23 +284,26 @@ class Spool:
     def _new_segment(self) -> Path:
         return self.dir / f"{time.time_ns()}-{_owner.token}{SEGMENT_SUFFIX}"
 
-    async def append(self, batches: Iterable[Batch]) -> None:
-        """Appends batches to the open segment (created on first use)."""
+    async def append(self, batches: Iterable[Batch], new_segment: bool = False) -> Path:
+        """Appends batches to the open segment (created on first use, or now if
+        ``new_segment``, which also seals it) and returns the segment's path."""
         data = b"".join(encode_batch(b) for b in batches)
-        if not data:
-            return
         async with self._lock:
-            if self._current is None:
+            if self._current is None or new_segment:
                 await _io(self._prepare)
                 self._current = self._new_segment()
+            segment = self._current
+            if new_segment:
+                self._current = None
             # Not `async with`: aiofiles closes through asyncio's default executor there.
-            f = await aiofiles.open(self._current, "ab", executor=_EXECUTOR)
+            f = await aiofiles.open(segment, "ab", executor=_EXECUTOR)
             try:
                 await f.write(data)
                 # Flushed to the OS, which keeps it through a SIGKILL of this process.
                 await f.flush()
             finally:
                 await f.close()
+        return segment
 
     def _prepare(self) -> None:
         self.dir.mkdir(parents=True, exist_ok=True)

@@ -212,10 +212,6 @@ def test_json_events_on_stderr(
     assert end == {"run_id": start["run_id"], "exit_code": 4}
 
 
-@pytest.mark.xfail(
-    reason="needs the core change: build_named_trackers() honouring ASYNC_TRACKER_FACTORY_<NAME>",
-    strict=False,
-)
 def test_job_builds_a_factory_named_by_value(
     writable_store: Store,
     isolated: Path,
