@@ -34,8 +34,21 @@ _sigterm_installed = False
 _previous_sigterm: Any = None
 
 
+# Runs with records on their way, held until they close: the exit hook must close a run its
+# caller dropped without closing (its records live on in the flusher, not in the object).
+_held: set[AppRun] = set()
+
+
 def register(run: AppRun) -> None:
     _runs.add(run)
+
+
+def hold(run: AppRun) -> None:
+    _held.add(run)
+
+
+def release(run: AppRun) -> None:
+    _held.discard(run)
 
 
 def open_runs() -> list[AppRun]:

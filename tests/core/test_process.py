@@ -343,3 +343,30 @@ def test_exit_at_interpreter_end_flushes(tmp_path: Path, child: Callable[..., Ch
     assert [p[2] for p in points if p[0] == "late"] == list(range(500))
     assert [x["metadata"] for x in lines if x["op"] == "metadata"] == [{"state": "done"}]
     assert proc.stderr().strip() == "stderr:"  # nothing went wrong on the way out
+
+
+DROPPED_RUN_SCRIPT = """
+import gc, sys
+from async_tracker import AppRun
+from tests.faulty import FileTracker
+
+def train(path):
+    run = AppRun("r", [FileTracker(path)], flush_interval=3600)
+    for i in range(100):
+        run.log_metric("loss", float(i), step=i)
+    # returns without close(): the run object goes away, its records must not
+
+train(sys.argv[1])
+gc.collect()
+print("done", flush=True)
+"""
+
+
+def test_exit_delivers_a_run_dropped_without_close(
+    tmp_path: Path, child: Callable[..., Child]
+) -> None:
+    path = tmp_path / "records.jsonl"
+    proc = child(DROPPED_RUN_SCRIPT, str(path))
+    assert proc.readline() == "done"
+    assert proc.wait() == 0, proc.stderr()
+    assert delivered_steps(path) == list(range(100))
