@@ -144,7 +144,9 @@ class AppRun:
         self._owns_backends = _owns_backends
         self._clock = clock
         self._buffer = Buffer()
-        self._start_lock = threading.Lock()
+        # Reentrant: the SIGTERM handler closes runs on the main thread, which may be holding
+        # this lock at that moment (in its first write, or in close()).
+        self._start_lock = threading.RLock()
         self._flusher: RunFlusher | None = None
         self._close_report: FlushReport | None = None
         # The flusher's close, once started: a second close() (another thread, the exit hook,
@@ -387,7 +389,7 @@ class AppRun:
         self._buffer.clear()
         self._flusher = None
         self._close_future = None
-        self._start_lock = threading.Lock()
+        self._start_lock = threading.RLock()
         if not self.closed and self._async_backends:
             self._append = self._first_append
 

@@ -295,6 +295,33 @@ def test_sigterm_with_the_default_handler_closes_then_dies_by_the_signal(
     assert steps == list(range(len(steps)))  # no point lost in the middle, none twice
 
 
+SIGTERM_IN_LOCK_SCRIPT = """
+import os, signal, sys
+from async_tracker import AppRun
+from tests.faulty import FileTracker
+
+run = AppRun("r", [FileTracker(sys.argv[1])], flush_interval=3600)
+for i in range(10):
+    run.log_metric("loss", float(i), step=i)
+print("ready", flush=True)
+# The signal lands while this thread holds the run's lock, as it does for a moment in its
+# first write and in close(): the handler, run by this same thread, must not wait for it.
+with run._start_lock:
+    os.kill(os.getpid(), signal.SIGTERM)
+    for _ in range(100_000):
+        pass
+print("survived the signal", flush=True)
+"""
+
+
+def test_sigterm_while_the_run_holds_its_lock(tmp_path: Path, child: Callable[..., Child]) -> None:
+    path = tmp_path / "records.jsonl"
+    proc = child(SIGTERM_IN_LOCK_SCRIPT, str(path))
+    assert proc.readline() == "ready"
+    assert proc.wait(timeout=20) == -signal.SIGTERM, proc.stderr()
+    assert delivered_steps(path) == list(range(10))
+
+
 def test_sigterm_opt_out_leaves_the_signal_alone(
     tmp_path: Path, child: Callable[..., Child]
 ) -> None:
