@@ -61,6 +61,15 @@ from typing import Any, Literal, TypeVar
 
 import anyio
 
+try:
+    from mlflow import MlflowClient
+    from mlflow.entities import Metric, Param, RunTag, ViewType
+except ImportError as _exc:  # pragma: no cover - depends on the environment
+    raise ImportError(
+        "async_tracker.backend.mlflow needs the mlflow package: "
+        "pip install 'async-tracker[mlflow]'"
+    ) from _exc
+
 from async_tracker.adapters import SyncTracker, run_blocking
 from async_tracker.base import AsyncTrackerBase
 from async_tracker.errors import (
@@ -186,15 +195,6 @@ def default_tracking_uri() -> str:
 def _configure_http_client() -> None:
     os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", str(DEFAULT_HTTP_MAX_RETRIES))
     os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", str(DEFAULT_HTTP_TIMEOUT_S))
-
-
-def _require_mlflow() -> None:
-    import importlib.util
-
-    if importlib.util.find_spec("mlflow") is None:
-        raise TrackerConfigError(
-            "the MLflow backend needs the mlflow package: pip install 'async-tracker[mlflow]'"
-        )
 
 
 # =============================================================================================
@@ -482,8 +482,8 @@ class AsyncMLflowTracker(AsyncTrackerBase):
         name: the backend's name in reports and spool keys.
         request_concurrency: log_batch requests of one flush in flight at once.
 
-    Nothing touches the network at construction: the experiment and the run are looked up,
-    or created, on first use, in a worker thread, and retried like any write.
+    Nothing is sent at construction: the experiment and the run are looked up, or created,
+    on first use, in a worker thread, and retried like any write.
 
     Example::
 
@@ -502,7 +502,6 @@ class AsyncMLflowTracker(AsyncTrackerBase):
         name: str = "mlflow",
         request_concurrency: int = DEFAULT_REQUEST_CONCURRENCY,
     ) -> None:
-        _require_mlflow()
         if request_concurrency < 1:
             raise ValueError(f"request_concurrency must be >= 1, got {request_concurrency}")
         self.name = name
@@ -517,9 +516,13 @@ class AsyncMLflowTracker(AsyncTrackerBase):
         self.artifact_location_requested = artifact_location
         self.request_concurrency = request_concurrency
         _configure_http_client()
-        # Everything below is touched from worker threads only, under these locks.
-        self._client: Any = None
-        self._client_lock = threading.Lock()
+        if self._uses_default_store:
+            DEFAULT_TRACKING_DIR.mkdir(parents=True, exist_ok=True)
+        # Built here, on the caller's thread, not lazily in a worker: the first write may
+        # happen in the exit hook, when Python refuses the imports and atexit registrations
+        # MLflow makes on first use. No request is sent (a SQLite store is opened, though).
+        self._client: Any = MlflowClient(tracking_uri=self.tracking_uri)
+        # Everything below is touched from worker threads, under these locks.
         self._experiment: Any = None
         self._experiment_lock = threading.Lock()
         self._runs: dict[str, _RunRef] = {}
@@ -546,14 +549,7 @@ class AsyncMLflowTracker(AsyncTrackerBase):
         return await run_blocking(call)
 
     def _client_sync(self) -> Any:
-        with self._client_lock:
-            if self._client is None:
-                from mlflow import MlflowClient
-
-                if self._uses_default_store:
-                    DEFAULT_TRACKING_DIR.mkdir(parents=True, exist_ok=True)
-                self._client = MlflowClient(tracking_uri=self.tracking_uri)
-            return self._client
+        return self._client
 
     def _experiment_sync(self) -> Any:
         with self._experiment_lock:
@@ -590,8 +586,6 @@ class AsyncMLflowTracker(AsyncTrackerBase):
             return self._run_locks.setdefault(run_id, threading.Lock())
 
     def _search(self, filter_string: str, max_results: int = 1000) -> list[Any]:
-        from mlflow.entities import ViewType
-
         client = self._client_sync()
         exp_id = self._experiment_sync().experiment_id
         found: list[Any] = []
@@ -684,8 +678,6 @@ class AsyncMLflowTracker(AsyncTrackerBase):
                 del self._runs[run_id]
 
     def _log_batch_sync(self, run_id: str, request: _Request) -> None:
-        from mlflow.entities import Metric, Param, RunTag
-
         uuid = self._resolve_sync(run_id, create=True)
         assert uuid is not None
         try:

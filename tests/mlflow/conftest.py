@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -47,6 +48,16 @@ def client(tracking_uri: str) -> Any:
     from mlflow import MlflowClient
 
     return MlflowClient(tracking_uri)
+
+
+@pytest.fixture(autouse=True)
+def default_store_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The default local store (a SQLite file) in the test's directory, not the machine's:
+    trackers built without a tracking URI open it."""
+    import async_tracker.backend.mlflow as backend
+
+    monkeypatch.setattr(backend, "DEFAULT_TRACKING_DIR", tmp_path / "default-store")
+    return tmp_path / "default-store"
 
 
 @pytest.fixture(autouse=True)

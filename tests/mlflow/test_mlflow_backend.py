@@ -9,6 +9,7 @@ import math
 import threading
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -16,7 +17,6 @@ import pytest
 from async_tracker import AppRun, Batch, RetryPolicy, TrackerArtifact, TrackerMetric
 from async_tracker.backend.memory import InMemoryTracker
 from async_tracker.backend.mlflow import (
-    DEFAULT_TRACKING_DIR,
     MAX_ITEMS_PER_REQUEST,
     MAX_METRICS_PER_REQUEST,
     MAX_REQUEST_BYTES,
@@ -323,11 +323,23 @@ def test_http_client_fails_fast_unless_the_user_chose(
     assert os.environ["MLFLOW_HTTP_REQUEST_TIMEOUT"] == "77"
 
 
-def test_default_tracking_uri_is_a_local_sqlite_store(monkeypatch: pytest.MonkeyPatch) -> None:
-    assert default_tracking_uri() == f"sqlite:///{DEFAULT_TRACKING_DIR / 'mlflow.db'}"
+@pytest.mark.filterwarnings("ignore::sqlalchemy.exc.SADeprecationWarning")
+def test_default_tracking_uri_is_a_local_sqlite_store_that_works(
+    monkeypatch: pytest.MonkeyPatch, default_store_dir: Path
+) -> None:
+    assert default_tracking_uri() == f"sqlite:///{default_store_dir / 'mlflow.db'}"
     t = MLflowTracker()
-    assert t.tracking_uri.startswith("sqlite:///")
+    assert t.tracking_uri == default_tracking_uri()
     assert t.experiment_name.startswith("default-experiment/")
+    with AppRun("local", [t], flush_interval=3600) as run:
+        run.add_metadata(a=1)
+        run.log_metric("loss", 0.5, step=3)
+    t.close()
+    assert t.metadata("local") == {"a": 1}
+    assert [p.step for p in t.metrics("local")["loss"]] == [3]
+    assert t.get_run("local").info.status == "FINISHED"
+    # Artifacts of the default store go next to it, not to ./mlruns.
+    assert t.artifact_location.startswith(str(default_store_dir))
     monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://example.invalid:5000")
     assert MLflowTracker().tracking_uri == "http://example.invalid:5000"
 

@@ -19,6 +19,10 @@ from async_tracker.backend.mlflow import (
 )
 from async_tracker.errors import TrackerConfigError
 
+# Trackers built here without a tracking URI open the default local SQLite store, where MLflow
+# uses SQLAlchemy APIs that SQLAlchemy 2.1 deprecates (our warnings are errors).
+pytestmark = pytest.mark.filterwarnings("ignore::sqlalchemy.exc.SADeprecationWarning")
+
 
 # -- log_params_flat ---------------------------------------------------------------------------
 @dataclass

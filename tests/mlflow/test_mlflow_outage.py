@@ -1,0 +1,148 @@
+"""Outages of a real MLflow server: killed mid-run and restarted on the same port, frozen
+(SIGSTOP: connections accepted, never answered), and killed for good.
+
+These tests share one server of their own (module scope), which they kill; they run in file
+order: restart, freeze, kill for good.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+from async_tracker import AppRun, RetryPolicy, as_sync
+from async_tracker.backend.memory import InMemoryTracker
+from async_tracker.backend.mlflow import AsyncMLflowTracker
+from async_tracker.settings import CLOSE_SLACK_S
+from tests.mlflow.server import MlflowServer
+
+# Short waits so that the test follows the server quickly; flush() and close() kick a parked
+# lane anyway.
+RETRY = RetryPolicy(
+    max_attempts=3, initial_backoff_s=0.05, max_backoff_s=0.2, jitter_s=0.05, cooldown_s=0.5
+)
+# What close() may take beyond its timeout here: its own slack plus a loaded machine.
+CLOSE_MARGIN_S = CLOSE_SLACK_S + 1.0
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MlflowServer]:
+    s = MlflowServer(tmp_path_factory.mktemp("mlflow-outage"))
+    s.start()
+    try:
+        yield s
+    finally:
+        s._signal(signal.SIGCONT)
+        s.stop()
+
+
+def wait_until(condition: Callable[[], bool], timeout_s: float, what: str) -> None:
+    """Polls a real condition with a deadline (the state of another process or thread)."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not true after {timeout_s} s: {what}")
+        time.sleep(0.02)
+
+
+def read_back(url: str, experiment: str) -> tuple[Any, Any]:
+    from mlflow import MlflowClient
+
+    client = MlflowClient(url)
+    exp = client.get_experiment_by_name(experiment)
+    (run,) = client.search_runs([exp.experiment_id])  # exactly one MLflow run
+    return client, run
+
+
+def test_server_killed_mid_run_and_restarted(server: MlflowServer) -> None:
+    backend = AsyncMLflowTracker("outage", server.url)
+    mem = InMemoryTracker()
+    run = AppRun("outage-run", [backend, mem], flush_interval=0.05, retry=RETRY)
+    try:
+        run.add_metadata(phase="before")
+        for step in range(500):
+            run.log_metric("loss", float(step), step=step)
+        assert run.flush(timeout=60).ok
+
+        server.kill()
+        run.add_metadata(phase="during")
+        run.add_artifact("ckpt", "/ckpt/during.pt", {"step": 1499})
+        run.add_source("parent-job", "model")
+        for step in range(500, 1500):
+            run.log_metrics({"loss": float(step), "acc": step / 1500}, step=step)
+
+        # MLflow is down, and failing: the memory backend still gets everything at once.
+        wait_until(
+            lambda: run.status().backends["mlflow"].retries > 0, 30, "MLflow lane retrying"
+        )
+        wait_until(
+            lambda: len(mem.points("outage-run", "acc")) == 1000, 10, "memory backend has all"
+        )
+        assert mem.runs["outage-run"].metadata["phase"] == "during"
+        status = run.status().backends["mlflow"]
+        assert status.in_flight > 0 and status.last_error is not None
+        assert "Transient" in status.last_error
+
+        server.start()  # same port, same store
+        report = run.flush(timeout=60)
+        assert report.ok, report
+    finally:
+        run.close(timeout=10)
+
+    client, mlrun = read_back(server.url, "outage")
+    loss = client.get_metric_history(mlrun.info.run_id, "loss")
+    acc = client.get_metric_history(mlrun.info.run_id, "acc")
+    # Exactly once: every step once, none missing.
+    assert sorted(m.step for m in loss) == list(range(1500))
+    assert sorted(m.step for m in acc) == list(range(500, 1500))
+    assert mlrun.data.tags["phase"] == '"during"'
+    view = as_sync(backend)
+    assert view.artifacts("outage-run")["ckpt"].path == "/ckpt/during.pt"
+    assert [(s.source_run_id, s.artifact_name) for s in view.sources("outage-run")] == [
+        ("parent-job", "model")
+    ]
+
+
+def test_frozen_server_close_returns_on_time(server: MlflowServer) -> None:
+    backend = AsyncMLflowTracker("frozen", server.url)
+    mem = InMemoryTracker()
+    run = AppRun("frozen-run", [backend, mem], flush_interval=0.05, retry=RETRY)
+    run.log_metric("loss", 0.0, step=0)
+    assert run.flush(timeout=60).ok
+    os.killpg(server.proc.pid, signal.SIGSTOP)  # type: ignore[union-attr]
+    try:
+        for step in range(1, 200):
+            run.log_metric("loss", float(step), step=step)
+        start = time.monotonic()
+        report = run.close(timeout=2.0)
+        elapsed = time.monotonic() - start
+    finally:
+        os.killpg(server.proc.pid, signal.SIGCONT)  # type: ignore[union-attr]
+    assert elapsed < 2.0 + CLOSE_MARGIN_S, elapsed
+    assert not report.ok
+    assert report.pending + report.spooled >= 199
+    assert len(mem.points("frozen-run", "loss")) == 200
+
+
+def test_server_that_never_comes_back(server: MlflowServer) -> None:
+    backend = AsyncMLflowTracker("gone", server.url)
+    mem = InMemoryTracker()
+    run = AppRun("gone-run", [backend, mem], flush_interval=0.05, retry=RETRY)
+    run.add_metadata(a=1)
+    assert run.flush(timeout=60).ok
+    server.kill()
+    for step in range(300):
+        run.log_metric("loss", float(step), step=step)
+    start = time.monotonic()
+    report = run.close(timeout=2.0)
+    elapsed = time.monotonic() - start
+    assert elapsed < 2.0 + CLOSE_MARGIN_S, elapsed
+    assert not report.ok
+    assert report.pending + report.spooled >= 300
+    assert "mlflow" in report.errors and "failed" in report.errors["mlflow"]
+    assert len(mem.points("gone-run", "loss")) == 300
