@@ -29,7 +29,7 @@ import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Any, TypeVar
+from typing import Any, SupportsFloat, SupportsIndex, TypeVar
 
 import anyio.to_thread
 
@@ -207,7 +207,9 @@ class AppRun:
         """Records that this run derives from ``source_id`` (a parent run, a data set ...)."""
         self._append((SOURCE, check_source(source_id, artifact_name)))
 
-    def log_metric(self, name: str, value: float, step: int | None = None) -> None:
+    def log_metric(
+        self, name: str, value: SupportsFloat, step: SupportsIndex | None = None
+    ) -> None:
         """Records one metric point. ``value`` is anything ``float()`` takes (numpy scalars,
         0-d tensors); ``step`` defaults to the metric's previous step plus one."""
         # The common case (a str name, a float value, an int or no step) costs three type
@@ -221,7 +223,9 @@ class AppRun:
             name, value, step = check_metric(name, value, step)
         self._append((name, value, step, self._clock()))
 
-    def log_metrics(self, metrics: Mapping[str, float], step: int | None = None) -> None:
+    def log_metrics(
+        self, metrics: Mapping[str, SupportsFloat], step: SupportsIndex | None = None
+    ) -> None:
         """Records several metrics at one step and time. All are checked before any is kept."""
         if not isinstance(metrics, Mapping):
             raise TypeError(

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
 import math
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import pytest
@@ -43,7 +45,7 @@ def test_metadata_updates_last_write_wins(make_run: MakeRun) -> None:
 def test_metadata_is_copied_at_the_call(make_run: MakeRun) -> None:
     mem = InMemoryTracker()
     run = make_run("r", [mem])
-    cfg = {"opt": {"lr": 0.1}, "layers": [1]}
+    cfg: dict[str, Any] = {"opt": {"lr": 0.1}, "layers": [1]}
     run.add_metadata(cfg=cfg)
     cfg["opt"]["lr"] = 99.0  # the caller mutates after the call: not what was recorded
     cfg["layers"].append(2)
@@ -83,17 +85,8 @@ def test_sources_and_their_artifact_filter(make_run: MakeRun) -> None:
         TrackerSource("imagenet", "dataset"),
         TrackerSource("pretrained", "model"),
     ]
-    assert list(as_list(mem, "sources", "r", "dataset")) == [TrackerSource("imagenet", "dataset")]
-
-
-def as_list(mem: InMemoryTracker, method: str, *args: object) -> list[object]:
-    """Calls an async read of ``mem`` from sync code (InMemoryTracker never awaits)."""
-    coro = getattr(mem, method)(*args)
-    try:
-        coro.send(None)
-    except StopIteration as done:
-        return list(done.value)
-    raise AssertionError("InMemoryTracker awaited")
+    filtered = asyncio.run(mem.sources("r", "dataset"))
+    assert list(filtered) == [TrackerSource("imagenet", "dataset")]
 
 
 def test_children_and_lineage(make_run: MakeRun) -> None:
@@ -250,7 +243,7 @@ BAD_CALLS: list[tuple[str, Callable[[AppRun], None], type[Exception], str]] = [
     ("step float", lambda r: r.log_metric("loss", 1.0, step=1.5), TypeError, "loss"),  # type: ignore[arg-type]
     ("step str", lambda r: r.log_metric("loss", 1.0, step="1"), TypeError, "loss"),  # type: ignore[arg-type]
     ("step bool", lambda r: r.log_metric("loss", 1.0, step=True), TypeError, "loss"),
-    ("metrics one bad value", lambda r: r.log_metrics({"ok": 1.0, "bad": "x"}), TypeError, "bad"),
+    ("metrics one bad value", lambda r: r.log_metrics({"ok": 1.0, "bad": "x"}), TypeError, "bad"),  # type: ignore[dict-item]
     ("metrics bad key", lambda r: r.log_metrics({"ok": 1.0, 7: 2.0}), TypeError, "7"),  # type: ignore[dict-item]
     ("metrics bad step", lambda r: r.log_metrics({"ok": 1.0}, step=0.5), TypeError, "ok"),  # type: ignore[arg-type]
     ("metrics not a mapping", lambda r: r.log_metrics([("a", 1.0)]), TypeError, "mapping"),  # type: ignore[arg-type]
@@ -318,7 +311,7 @@ def test_backend_of_the_wrong_type_is_refused() -> None:
         ({"close_timeout": -1}, "close_timeout"),
     ],
 )
-def test_bad_options_raise(kwargs: dict[str, float], word: str) -> None:
+def test_bad_options_raise(kwargs: dict[str, Any], word: str) -> None:
     with pytest.raises(ValueError, match=word):
         AppRun("r", [], **kwargs)
 
