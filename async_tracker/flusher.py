@@ -106,6 +106,9 @@ class RunFlusher:
         self.last_step: dict[str, int] = {}
         self.last_cut = time.monotonic()
         self.closed = False
+        # The scopes of the flushes (and reads) waiting for lanes: close() ends them once it
+        # has stopped the lanes, or they would wait forever for progress that cannot come.
+        self._waiting: set[anyio.CancelScope] = set()
 
     def due(self, now: float) -> bool:
         n = len(self.buffer)
@@ -138,7 +141,11 @@ class RunFlusher:
         """Cuts what is buffered and waits until each lane has delivered it or given up."""
         self.cut()
         with anyio.move_on_after(math.inf if timeout is None else timeout) as scope:
-            await self._settle(self.lanes if lanes is None else lanes)
+            self._waiting.add(scope)
+            try:
+                await self._settle(self.lanes if lanes is None else lanes)
+            finally:
+                self._waiting.discard(scope)
         return FlushReport.from_status(self.status(), timed_out=scope.cancelled_caught)
 
     async def close(self, timeout: float) -> FlushReport:
@@ -146,6 +153,13 @@ class RunFlusher:
         spools what they still hold."""
         deadline = anyio.current_time() + timeout
         self.closed = True
+        try:
+            return await self._close(deadline, timeout)
+        finally:
+            for scope in list(self._waiting):
+                scope.cancel()
+
+    async def _close(self, deadline: float, timeout: float) -> FlushReport:
         report = await self.flush(timeout)
         for lane in self.lanes:
             lane.abandon()

@@ -186,6 +186,23 @@ async def test_close_after_a_cancelled_aclose_closes_once(make_run: MakeRun) -> 
     assert stuck.count("write_batch") == 1
 
 
+def test_a_flush_waiting_when_another_thread_closes_returns(make_run: MakeRun) -> None:
+    hang = Hang()  # forever
+    stuck = FaultyTracker(name="stuck").always("write_batch", hang)
+    run = make_run("r", [stuck])
+    run.add_metadata(a=1)
+    reports: list[FlushReport] = []
+    flushing = threading.Thread(target=lambda: reports.append(run.flush()), daemon=True)
+    flushing.start()
+    assert hang.entered.wait(10)
+    closed = run.close(timeout=0.2)
+    # The lanes are stopped: the flush has nothing left to wait for and must say so.
+    flushing.join(timeout=10)
+    assert not flushing.is_alive(), "flush() still waits for a lane that close() stopped"
+    (report,) = reports
+    assert not report.ok and undelivered(report) == undelivered(closed) == 1
+
+
 def test_close_of_many_runs_shares_one_deadline(make_run: MakeRun) -> None:
     from async_tracker import shutdown
 
