@@ -20,7 +20,7 @@ from async_tracker import AppRun, FlushReport, TrackerClosedError
 from async_tracker.backend.memory import InMemoryTracker
 from async_tracker.settings import CLOSE_SLACK_S
 from tests.core.helpers import Child
-from tests.faulty import BlockLoop, FaultyTracker, Hang, HangingTracker
+from tests.faulty import BlockLoop, FaultyTracker, Hang, HangingTracker, Slow, permanent
 
 MakeRun = Callable[..., AppRun]
 MARGIN_S = 1.5
@@ -120,6 +120,28 @@ def test_close_with_a_backend_blocking_the_tracker_loop(
         release.set()
     assert other.flush().ok
     assert other.metadata() == {"b": 2}
+
+
+@pytest.mark.parametrize("timeout", [0.0, 0.05])
+def test_every_record_is_accounted_for_whatever_the_timeout(
+    make_run: MakeRun, timeout: float
+) -> None:
+    # delivered + pending + spooled + dropped == records x backends, at any cut-off.
+    slow = FaultyTracker(name="slow").always("write_batch", Slow(0.02))
+    picky = FaultyTracker(name="picky").on("write_batch", 2, action=permanent())
+    fine = InMemoryTracker(name="fine")
+    run = make_run("r", [slow, picky, fine], batch_size=10)
+    for i in range(100):
+        run.log_metric("x", float(i), step=i)
+        if i % 10 == 9:
+            run.flush(timeout=0)
+    report = run.close(timeout=timeout)
+    assert report.pending >= 0 and report.spooled >= 0
+    assert report.delivered + report.pending + report.spooled + report.dropped == 300
+    assert report.dropped == 10  # picky refused its second batch, for good
+    status = run.status().backends
+    for s in status.values():
+        assert s.delivered + s.in_flight + s.spooled + s.dropped + s.buffered == 100
 
 
 def test_flush_with_timeout_reports_pending_and_does_not_wait(

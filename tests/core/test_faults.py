@@ -252,6 +252,7 @@ def test_a_hung_async_backend_never_delays_the_other(
     assert hang.entered.is_set() and stuck.count("write_batch") == 1
     status = run.status().backends
     assert status["fine"].delivered == 3 and status["stuck"].in_flight == 3
+    assert status["stuck"].lag_s > 0 and status["fine"].lag_s == 0
     assert [p.step for p in stored(fine).points("r", "x")] == [0, 1, 2]
 
     release.set()
