@@ -664,7 +664,14 @@ class AsyncMLflowTracker(AsyncTrackerBase):
                         "async_tracker: MLflow run for %r was created concurrently by another "
                         "process; using %s and deleting ours (%s)", run_id, winner, mine,
                     )
-                    client.delete_run(mine)
+                    try:
+                        client.delete_run(mine)
+                    except Exception as exc:
+                        # Harmless for correctness: every process picks the older winner.
+                        logger.warning(
+                            "async_tracker: could not delete duplicate MLflow run %s of %r: %s",
+                            mine, run_id, exc,
+                        )
                 uuid = winner
             else:
                 uuid = str(runs[0].info.run_id)
@@ -732,7 +739,9 @@ class AsyncMLflowTracker(AsyncTrackerBase):
         left out, the rest is stored, then :class:`PermanentBackendError` names them: one bad
         key does not cost the thousands of metric points flushed with it.
         """
-        now = time.time()
+        # The time stamped on source tags, kept for retries: the requests of a retry must be
+        # exactly those of the first attempt, since parts done are skipped by index.
+        now = float(batch.names.setdefault("mlflow:t", repr(time.time())))
         problems: list[str] = []
         tags = self._metadata_tags(batch.metadata, problems)
         for art in batch.artifacts.values():

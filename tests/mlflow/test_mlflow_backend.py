@@ -14,7 +14,14 @@ from typing import Any
 
 import pytest
 
-from async_tracker import AppRun, Batch, RetryPolicy, TrackerArtifact, TrackerMetric
+from async_tracker import (
+    AppRun,
+    Batch,
+    RetryPolicy,
+    TrackerArtifact,
+    TrackerMetric,
+    TrackerSource,
+)
 from async_tracker.backend.memory import InMemoryTracker
 from async_tracker.backend.mlflow import (
     MAX_ITEMS_PER_REQUEST,
@@ -177,12 +184,17 @@ async def test_write_batch_retry_skips_requests_already_stored(
 ) -> None:
     backend = AsyncMLflowTracker(experiment_name, tracking_uri)
     metrics = [TrackerMetric("m", float(i), i, 1_700_000_000 + i) for i in range(2500)]
-    batch = Batch(0, metrics=metrics)
+    batch = Batch(0, sources=[TrackerSource("parent", None)], metrics=metrics)
     await backend.write_batch("r", batch)
     assert batch.done == {"mlflow:0", "mlflow:1", "mlflow:2"}
+    assert "mlflow:t" in batch.names  # what the source tags were stamped with, kept
     spy = LogBatchSpy(backend)
     await backend.write_batch("r", batch)
     assert spy.calls == []
+    batch.done.discard("mlflow:1")  # as if that request had failed
+    await backend.write_batch("r", batch)
+    assert [len(c["metrics"]) for c in spy.calls] == [1000]
+    assert len((await backend.metrics("r"))["m"]) == 2500
     await backend.aclose()
 
 
