@@ -29,44 +29,47 @@ from async_tracker.records import (
     check_name,
     check_source,
 )
-from async_tracker.settings import DEFAULT_THREAD_LIMIT
+from async_tracker.settings import DEFAULT_THREAD_LIMIT, DEFAULT_THREADS_PER_BACKEND
 
 T = TypeVar("T")
 
-_limiter: anyio.CapacityLimiter | None = None
+class Threads:
+    """A limit on the worker threads one backend (or the process) runs blocking calls in.
 
-
-def thread_limiter() -> anyio.CapacityLimiter:
-    """The limiter shared by every blocking backend call of the process.
-
-    Created on the tracker loop at first use (anyio ties limiters to a running loop). A call
-    abandoned by a close() deadline gives its token back, so a hung backend cannot starve
-    the others of threads.
+    Each blocking backend has its own, so that calls hung on one dead server cannot starve
+    the others of threads. A call abandoned by a close() deadline gives its token back. The
+    anyio limiter is created on the tracker loop at first use (anyio ties it to a running
+    loop), and anew in a forked child, which inherits the parent's tokens of calls whose
+    threads do not exist there.
     """
-    global _limiter
-    if _limiter is None:
-        _limiter = anyio.CapacityLimiter(DEFAULT_THREAD_LIMIT)
-    return _limiter
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self._limiter: anyio.CapacityLimiter | None = None
+        self._pid = 0
+
+    def limiter(self) -> anyio.CapacityLimiter:
+        if self._limiter is None or self._pid != os.getpid():
+            self._limiter = anyio.CapacityLimiter(self.size)
+            self._pid = os.getpid()
+        return self._limiter
+
+    async def run(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """Runs a blocking call in a worker thread. On cancellation (a close() deadline) the
+        thread is abandoned rather than waited for: it may hang forever, the caller must not."""
+        return await anyio.to_thread.run_sync(
+            functools.partial(fn, *args, **kwargs),
+            limiter=self.limiter(),
+            abandon_on_cancel=True,
+        )
 
 
-def _forget_limiter() -> None:
-    # A forked child inherits the parent's limiter with the tokens of the parent's calls in
-    # flight, which never come back there (their threads do not exist): with enough of them
-    # (hung backends) the child's blocking backends could never run. It belonged to the
-    # parent's loop anyway; the child's loop creates its own.
-    global _limiter
-    _limiter = None
-
-
-os.register_at_fork(after_in_child=_forget_limiter)
+_shared_threads = Threads(DEFAULT_THREAD_LIMIT)
 
 
 async def run_blocking(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-    """Runs a blocking call in a worker thread. On cancellation (a close() deadline) the
-    thread is abandoned rather than waited for: it may hang forever, the caller must not."""
-    return await anyio.to_thread.run_sync(
-        functools.partial(fn, *args, **kwargs), limiter=thread_limiter(), abandon_on_cancel=True
-    )
+    """Runs a blocking call in a worker thread behind the process-wide limit."""
+    return await _shared_threads.run(fn, *args, **kwargs)
 
 
 class ThreadedTracker(AsyncTrackerBase):
@@ -79,6 +82,7 @@ class ThreadedTracker(AsyncTrackerBase):
     def __init__(self, tracker: TrackerBase) -> None:
         self.tracker = tracker
         self.name = backend_name(tracker)
+        self._threads = Threads(DEFAULT_THREADS_PER_BACKEND)
 
     @property
     def supports_metrics(self) -> bool:
@@ -89,46 +93,46 @@ class ThreadedTracker(AsyncTrackerBase):
     async def add_artifact(
         self, run_id: str, name: str, path: str, metadata: Mapping[str, object] | None = None
     ) -> None:
-        await run_blocking(self.tracker.add_artifact, run_id, name, path, metadata)
+        await self._threads.run(self.tracker.add_artifact, run_id, name, path, metadata)
 
     async def artifacts(self, run_id: str) -> Mapping[str, TrackerArtifact]:
-        return await run_blocking(self.tracker.artifacts, run_id)
+        return await self._threads.run(self.tracker.artifacts, run_id)
 
     async def add_metadata(self, run_id: str, **kwargs: object) -> None:
-        await run_blocking(self.tracker.add_metadata, run_id, **kwargs)
+        await self._threads.run(self.tracker.add_metadata, run_id, **kwargs)
 
     async def metadata(self, run_id: str) -> Mapping[str, object]:
-        return await run_blocking(self.tracker.metadata, run_id)
+        return await self._threads.run(self.tracker.metadata, run_id)
 
     async def add_source(
         self, run_id: str, source_id: str, artifact_name: str | None = None
     ) -> None:
-        await run_blocking(self.tracker.add_source, run_id, source_id, artifact_name)
+        await self._threads.run(self.tracker.add_source, run_id, source_id, artifact_name)
 
     async def sources(
         self, run_id: str, artifact_name: str | None = None
     ) -> Iterable[TrackerSource]:
-        return await run_blocking(lambda: list(self.tracker.sources(run_id, artifact_name)))
+        return await self._threads.run(lambda: list(self.tracker.sources(run_id, artifact_name)))
 
     async def lineage(self, run_id: str) -> Lineage:
-        return await run_blocking(self.tracker.lineage, run_id)
+        return await self._threads.run(self.tracker.lineage, run_id)
 
     async def run_ids(self, **kwargs: str) -> Iterable[str]:
-        return await run_blocking(lambda: list(self.tracker.run_ids(**kwargs)))
+        return await self._threads.run(lambda: list(self.tracker.run_ids(**kwargs)))
 
     async def add_metrics(self, run_id: str, metrics: Sequence[TrackerMetric]) -> None:
         if self.supports_metrics:
-            await run_blocking(self.tracker.add_metrics, run_id, metrics)  # type: ignore[attr-defined]
+            await self._threads.run(self.tracker.add_metrics, run_id, metrics)  # type: ignore[attr-defined]
 
     async def metrics(self, run_id: str) -> Mapping[str, Sequence[TrackerMetric]]:
         if not self.supports_metrics:
             return {}
-        return await run_blocking(self.tracker.metrics, run_id)  # type: ignore[attr-defined]
+        return await self._threads.run(self.tracker.metrics, run_id)  # type: ignore[attr-defined]
 
     async def aclose(self) -> None:
         close = getattr(self.tracker, "close", None)
         if callable(close):
-            await run_blocking(close)
+            await self._threads.run(close)
 
     def __repr__(self) -> str:
         return f"as_async({self.tracker!r})"

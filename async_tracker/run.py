@@ -384,7 +384,11 @@ class AppRun:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        self.close()
+        try:
+            self.close()
+        except DeliveryError:
+            if exc is None:  # a strict run's error must not replace the caller's own
+                raise
 
     async def __aenter__(self) -> AppRun:
         return self
@@ -395,7 +399,11 @@ class AppRun:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        await self.aclose()
+        try:
+            await self.aclose()
+        except DeliveryError:
+            if exc is None:
+                raise
 
     def _reset_after_fork(self) -> None:
         """In a forked child: forget the parent's records and flusher; start anew on the

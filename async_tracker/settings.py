@@ -25,7 +25,9 @@ CLOSE_SLACK_S = 0.5
 SPOOL_GRACE_S = 0.25
 # How long SIGTERM waits for a flush before the previous handler runs.
 DEFAULT_SIGTERM_GRACE_S = 5.0
-# Worker threads running blocking backends at once, for the whole process.
+# Worker threads running blocking calls at once: per blocking backend, and for the rest of
+# the process (run_blocking).
+DEFAULT_THREADS_PER_BACKEND = 4
 DEFAULT_THREAD_LIMIT = 16
 
 ENV_PREFIX = "ASYNC_TRACKER_"

@@ -44,7 +44,7 @@ from typing import Any, TypeVar
 import fsspec
 from fsspec.implementations.local import LocalFileSystem
 
-from async_tracker.adapters import SyncTracker, run_blocking
+from async_tracker.adapters import SyncTracker, Threads
 from async_tracker.base import AsyncTrackerBase
 from async_tracker.errors import PermanentBackendError, TrackerConfigError
 from async_tracker.records import (
@@ -55,6 +55,7 @@ from async_tracker.records import (
     TrackerSource,
     sort_points,
 )
+from async_tracker.settings import DEFAULT_THREADS_PER_BACKEND
 
 logger = logging.getLogger(__name__)
 
@@ -120,6 +121,7 @@ class _Storage:
         self.is_async = bool(getattr(fs, "async_impl", False)) and not getattr(
             fs, "asynchronous", False
         )
+        self._threads = Threads(DEFAULT_THREADS_PER_BACKEND)
         # Only filesystems with an atomic rename stage files; an object store PUT is atomic.
         self.stages = isinstance(fs, LocalFileSystem)
 
@@ -128,11 +130,11 @@ class _Storage:
             coro = getattr(self.fs, "_" + name)(*args, **kwargs)
             future = asyncio.run_coroutine_threadsafe(coro, self.fs.loop)
             return await asyncio.wrap_future(future)
-        return await run_blocking(getattr(self.fs, name), *args, **kwargs)
+        return await self._threads.run(getattr(self.fs, name), *args, **kwargs)
 
     async def put(self, path: str, data: bytes, stage_dir: str) -> None:
         if self.stages:
-            await run_blocking(self._put_staged, path, data, stage_dir)
+            await self._threads.run(self._put_staged, path, data, stage_dir)
         else:
             await self._call("pipe_file", path, data)
 
