@@ -24,6 +24,9 @@ How a run maps onto MLflow::
 
 Object names are hashes, so they are deterministic (a retry overwrites), always valid MLflow
 keys whatever the artifact or source is called, and within the 250-character key limit.
+Ranks starting together create the run once: the first to create the (then deleted) experiment
+``async_tracker.locks/<experiment id>/<sha1(run id)>/<n>`` creates the run, the others wait
+for it (see :meth:`AsyncMLflowTracker._create_once`).
 
 Example::
 
@@ -128,10 +131,12 @@ _FLOAT_MAX = sys.float_info.max
 # -- client tuning -----------------------------------------------------------------------------
 # MLflow's HTTP client retries 7 times with exponential backoff by default (minutes while a
 # server restarts) and waits 120 s per request. Our lane retries with its own backoff and
-# close() has a deadline, so the client should fail fast and let the lane decide. These are
-# set with os.environ.setdefault when the first tracker is built: a value the user exported
-# wins. (MLflow reads them per request; it has no per-client setting.)
-DEFAULT_HTTP_MAX_RETRIES = 0
+# close() has a deadline, so the client should fail fast and let the lane decide: one retry
+# (urllib3 makes the first at once: it covers a pooled connection the server has just
+# closed, so that a blocking read does not fail for that), and 20 s per request. These are set
+# with os.environ.setdefault when a tracker is built: a value the user exported wins.
+# (MLflow reads them at each request; it has no per-client setting.)
+DEFAULT_HTTP_MAX_RETRIES = 1
 DEFAULT_HTTP_TIMEOUT_S = 20
 # log_batch requests of one flush sent at once: the server overlaps JSON parsing with the
 # database write of the other request. More gains nothing against a SQLite store.
@@ -144,6 +149,10 @@ TAG_RUN_KEY = "async_tracker.run_key"
 TAG_ARTIFACT_PREFIX = "async_tracker.artifact."
 TAG_SOURCE_PREFIX = "async_tracker.source."
 TAG_PARENT_PREFIX = "async_tracker.parent."
+LOCK_EXPERIMENT_PREFIX = "async_tracker.locks/"
+# How long a process waits for another to create the run it holds the creation lock of.
+CREATION_WAIT_S = 10.0
+CREATION_POLL_S = 0.05
 MLFLOW_TAG_PREFIX = "mlflow."
 RESERVED_TAG_PREFIXES = (TAG_PREFIX, MLFLOW_TAG_PREFIX)
 
@@ -529,6 +538,8 @@ class AsyncMLflowTracker(AsyncTrackerBase):
         self._run_locks: dict[str, threading.Lock] = {}
         self._run_locks_lock = threading.Lock()
         self._checked_metric_names: set[str] = set()
+        self._locks_unavailable = False
+        self.creation_wait_s = CREATION_WAIT_S
 
     def __repr__(self) -> str:
         return (
@@ -630,53 +641,118 @@ class AsyncMLflowTracker(AsyncTrackerBase):
         return str(run.info.run_id)
 
     def _resolve_sync(self, run_id: str, create: bool) -> str | None:
-        """The MLflow id of ``run_id``'s run, created if ``create`` and none exists.
+        """The MLflow id of ``run_id``'s run, created (once) if ``create`` and none exists.
 
-        Several processes (ranks) may start at once, and MLflow has no conditional create. So:
-        search by tag; if nothing, create a run, search again, and take the oldest run found
-        (start time, then id: every process sorts the same runs the same way). A process whose
-        own run lost deletes it. A process that later finds its run deleted (it lost a race it
-        did not see) forgets it and resolves again (see ``_write``).
+        Looked up by tag; a run torchx's own tracker made for the id is adopted; else created
+        under the creation lock (see :meth:`_create_once`).
         """
         ref = self._runs.get(run_id)
         if ref is not None:
             return ref.uuid
-        with self._run_lock(run_id):
+        with self._run_lock(run_id):  # one lookup per run id in this process at a time
             ref = self._runs.get(run_id)
             if ref is not None:
                 return ref.uuid
-            client = self._client_sync()
             runs = self._candidates(run_id)
             if not runs:
                 adopted = self._torchx_run(run_id)
                 if adopted is not None:
+                    client = self._client_sync()
                     client.set_tag(adopted.info.run_id, TAG_RUN_ID, run_id)
                     client.set_tag(adopted.info.run_id, TAG_RUN_KEY, run_key(run_id))
                     runs = self._candidates(run_id)
-            if not runs:
-                if not create:
-                    return None
-                mine = self._create_candidate(run_id)
-                runs = self._candidates(run_id)
-                winner = str(runs[0].info.run_id) if runs else mine
-                if winner != mine:
-                    logger.info(
-                        "async_tracker: MLflow run for %r was created concurrently by another "
-                        "process; using %s and deleting ours (%s)", run_id, winner, mine,
-                    )
-                    try:
-                        client.delete_run(mine)
-                    except Exception as exc:
-                        # Harmless for correctness: every process picks the older winner.
-                        logger.warning(
-                            "async_tracker: could not delete duplicate MLflow run %s of %r: %s",
-                            mine, run_id, exc,
-                        )
-                uuid = winner
-            else:
+            if runs:
                 uuid = str(runs[0].info.run_id)
+            elif create:
+                uuid = self._create_once(run_id)
+            else:
+                return None
             self._runs[run_id] = _RunRef(uuid)
             return uuid
+
+    def _create_once(self, run_id: str) -> str:
+        """Creates the MLflow run of ``run_id`` when several processes (ranks) may be trying
+        at the same moment.
+
+        MLflow has no conditional create for runs, and "search, create, search again, keep the
+        oldest" is not enough: a run stamped earlier can become visible after another process
+        has already chosen. Experiment names, though, are unique: creating the experiment
+        ``async_tracker.locks/<experiment id>/<sha1(run id)>/<generation>`` succeeds for one
+        process only. That process creates the run, then deletes the lock experiment (deleted
+        experiments keep their name, so the lock stays taken and out of sight). The others
+        wait, polling, for the run to appear. The generation counts the deleted runs of the
+        id, so that a run deleted by hand can be created again.
+
+        Fallback, when the store refuses lock experiments (permissions, naming rules) or the
+        lock holder died before creating the run: create, search again, keep the oldest (start
+        time, then id), delete ours if it lost. A process that later finds its run deleted
+        forgets it and resolves again (see :meth:`_log_batch_sync`).
+        """
+        client = self._client_sync()
+        held = self._acquire_creation_lock(run_id)
+        if held is False:
+            deadline = time.monotonic() + self.creation_wait_s
+            while time.monotonic() < deadline:
+                runs = self._candidates(run_id)
+                if runs:
+                    return str(runs[0].info.run_id)
+                # Polling the server for another process's create: bounded, and short.
+                time.sleep(CREATION_POLL_S)
+            logger.warning(
+                "async_tracker: the process that took the creation lock of MLflow run %r did "
+                "not create it within %.0f s; creating it here", run_id, self.creation_wait_s,
+            )
+        mine = self._create_candidate(run_id)
+        if isinstance(held, str):
+            try:
+                client.delete_experiment(held)
+            except Exception as exc:
+                logger.warning("async_tracker: could not delete MLflow lock experiment: %s", exc)
+        runs = self._candidates(run_id)
+        winner = str(runs[0].info.run_id) if runs else mine
+        if winner != mine:
+            logger.info(
+                "async_tracker: MLflow run for %r was created concurrently by another "
+                "process; using %s and deleting ours (%s)", run_id, winner, mine,
+            )
+            try:
+                client.delete_run(mine)
+            except Exception as exc:
+                # Harmless for correctness: every process picks the older winner.
+                logger.warning(
+                    "async_tracker: could not delete duplicate MLflow run %s of %r: %s",
+                    mine, run_id, exc,
+                )
+        return winner
+
+    def _acquire_creation_lock(self, run_id: str) -> str | bool | None:
+        """The lock experiment's id if we took it; False if another process holds it; None if
+        the store refuses lock experiments (then: the fallback)."""
+        if self._locks_unavailable:
+            return None
+        client = self._client_sync()
+        exp_id = self._experiment_sync().experiment_id
+        deleted = client.search_runs(
+            [exp_id],
+            filter_string=f"tags.`{TAG_RUN_KEY}` = '{run_key(run_id)}'",
+            run_view_type=ViewType.DELETED_ONLY,
+            max_results=1000,
+        )
+        name = f"{LOCK_EXPERIMENT_PREFIX}{exp_id}/{run_key(run_id)}/{len(deleted)}"
+        try:
+            return str(client.create_experiment(name))
+        except Exception as exc:
+            if getattr(exc, "error_code", None) == "RESOURCE_ALREADY_EXISTS":
+                return False
+            error = map_error(exc, "create_experiment (creation lock)")
+            if isinstance(error, TransientBackendError):
+                raise error from exc
+            logger.warning(
+                "async_tracker: the MLflow store refuses lock experiments (%s); runs created "
+                "by several processes at once may be duplicated, then resolved", exc,
+            )
+            self._locks_unavailable = True
+            return None
 
     def _forget(self, run_id: str, uuid: str) -> None:
         with self._run_lock(run_id):
@@ -696,8 +772,8 @@ class AsyncMLflowTracker(AsyncTrackerBase):
             )
         except Exception as exc:
             if _is_run_not_active(exc):
-                # Our run was deleted: we lost a creation race we could not see, or someone
-                # deleted it. Resolve again on the retry.
+                # Our run was deleted (by hand, or as the loser of a fallback creation race):
+                # resolve again on the retry.
                 self._forget(run_id, uuid)
                 raise TransientBackendError(
                     f"MLflow run {uuid} of {run_id!r} is deleted; looking it up again"

@@ -331,7 +331,7 @@ def test_http_client_fails_fast_unless_the_user_chose(
     monkeypatch.delenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", raising=False)
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "77")
     AsyncMLflowTracker("x", tracking_uri)
-    assert os.environ["MLFLOW_HTTP_REQUEST_MAX_RETRIES"] == "0"
+    assert os.environ["MLFLOW_HTTP_REQUEST_MAX_RETRIES"] == "1"
     assert os.environ["MLFLOW_HTTP_REQUEST_TIMEOUT"] == "77"
 
 
@@ -357,18 +357,18 @@ def test_default_tracking_uri_is_a_local_sqlite_store_that_works(
 
 
 # -- races and strays --------------------------------------------------------------------------
-def test_concurrent_creation_resolves_to_one_run(
+def test_concurrent_creation_makes_one_run(
     tracking_uri: str, experiment_name: str, client: Any
 ) -> None:
-    """Four trackers (as four ranks) all find no run and all create one at the same moment:
-    they must agree on one run, and the others must be deleted."""
+    """Four trackers (as four ranks) all find no run and all go to create it at the same
+    moment: one takes the creation lock and creates it, the others wait for it."""
     n = 4
     barrier = threading.Barrier(n, timeout=30)
 
     class Racing(AsyncMLflowTracker):
-        def _create_candidate(self, run_id: str) -> str:
+        def _acquire_creation_lock(self, run_id: str) -> str | bool | None:
             barrier.wait()  # every tracker has searched and found nothing
-            return super()._create_candidate(run_id)
+            return super()._acquire_creation_lock(run_id)
 
     trackers = [Racing(experiment_name, tracking_uri) for _ in range(n)]
     trackers[0]._experiment_sync()  # the experiment exists; the race is on the run
@@ -377,7 +377,32 @@ def test_concurrent_creation_resolves_to_one_run(
     assert len(set(uuids)) == 1
     (live,) = runs_of(client, experiment_name)
     assert live.info.run_id == uuids[0]
-    assert len(runs_of(client, experiment_name, deleted=True)) == n - 1
+    assert runs_of(client, experiment_name, deleted=True) == []  # no duplicate was made
+    # The lock is a deleted experiment: out of the experiment list.
+    names = [e.name for e in client.search_experiments()]
+    assert not [n for n in names if n.startswith("async_tracker.locks/")]
+
+
+def test_a_lock_whose_holder_died_does_not_block_creation(
+    tracking_uri: str, experiment_name: str, client: Any
+) -> None:
+    backend = AsyncMLflowTracker(experiment_name, tracking_uri)
+    exp_id = backend._experiment_sync().experiment_id
+    client.create_experiment(f"async_tracker.locks/{exp_id}/{run_key('orphan')}/0")
+    backend.creation_wait_s = 0.2
+    uuid = backend._resolve_sync("orphan", True)
+    (live,) = runs_of(client, experiment_name)
+    assert live.info.run_id == uuid
+
+
+def test_without_lock_experiments_runs_are_still_created_once(
+    tracking_uri: str, experiment_name: str, client: Any
+) -> None:
+    trackers = [AsyncMLflowTracker(experiment_name, tracking_uri) for _ in range(2)]
+    for t in trackers:
+        t._locks_unavailable = True  # as when the store refuses them
+    assert trackers[0]._resolve_sync("r", True) == trackers[1]._resolve_sync("r", True)
+    assert len(runs_of(client, experiment_name)) == 1
 
 
 def test_a_deleted_run_is_looked_up_again(tracker: MLflowTracker, client: Any) -> None:

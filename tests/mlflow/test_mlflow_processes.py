@@ -61,6 +61,9 @@ def test_ranks_starting_together_share_one_mlflow_run(
         [exp.experiment_id], f"tags.`{TAG_RUN_KEY}` = '{run_key('job-shared')}'"
     )
     assert run.info.run_id in uuids
+    from mlflow.entities import ViewType
+
+    assert list(client.search_runs([exp.experiment_id], run_view_type=ViewType.DELETED_ONLY)) == []
     assert run.info.status == "FINISHED"
     assert {k: v for k, v in run.data.tags.items() if k.startswith("rank")} == {
         "rank0": "0",
