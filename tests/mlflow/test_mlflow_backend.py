@@ -68,18 +68,17 @@ class LogBatchSpy:
 
     def __init__(self, tracker: AsyncMLflowTracker) -> None:
         self.calls: list[dict[str, list[Any]]] = []
-        client = tracker._client_sync()
-        real = client.log_batch
+        real = tracker._log_batch_fn
         lock = threading.Lock()
 
-        def log_batch(run_id: str, metrics: Any = (), params: Any = (), tags: Any = ()) -> Any:
+        def log_batch(run_id: str, metrics: Any, params: Any, tags: Any) -> None:
             with lock:
                 self.calls.append(
                     {"metrics": list(metrics), "params": list(params), "tags": list(tags)}
                 )
-            return real(run_id, metrics=metrics, params=params, tags=tags)
+            real(run_id, metrics, params, tags)
 
-        client.log_batch = log_batch
+        tracker._log_batch_fn = log_batch
 
 
 # -- the run ------------------------------------------------------------------------------------
