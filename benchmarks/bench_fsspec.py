@@ -164,13 +164,15 @@ def main() -> None:
     parser.add_argument("--s3", action="store_true", help="also run on a local S3 API server")
     parser.add_argument("--json", type=Path, help="write the figures to this file")
     args = parser.parse_args()
-    print(f"machine: {os.cpu_count()} cpus, Python {platform.python_version()}, {platform.platform()}")
+    print(f"machine: {os.cpu_count()} cpus, Python {platform.python_version()}, "
+          f"{platform.platform()}")
     results = {"local": local(args.points, args.rounds)}
     if args.s3:
         results["s3"] = s3(args.points, args.rounds)
     print(f"{'store':6} {'ours (s)':>9} {'naive (s)':>10} {'ratio':>6} {'files':>6}")
     for store, r in results.items():
-        print(f"{store:6} {r['ours_s']:9.2f} {r['naive_s']:10.2f} {r['ratio']:6.2f} {r['files']:6d}")
+        print(f"{store:6} {r['ours_s']:9.2f} {r['naive_s']:10.2f} {r['ratio']:6.2f} "
+              f"{r['files']:6d}")
     if args.json:
         args.json.write_text(json.dumps(results, indent=2))
 
