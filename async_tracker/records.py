@@ -6,7 +6,6 @@ called directly) rejects the same bad input with the same message, naming the ke
 
 from __future__ import annotations
 
-import math
 import operator
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -199,8 +198,3 @@ def check_source(source_id: object, artifact_name: object) -> TrackerSource:
 def sort_points(points: Sequence[TrackerMetric]) -> list[TrackerMetric]:
     """Points ordered by step, then time (the order ``metrics()`` promises)."""
     return sorted(points, key=lambda p: (p.step, p.timestamp))
-
-
-def same_value(a: float, b: float) -> bool:
-    """Equality that treats NaN as equal to NaN (for tests and de-duplication)."""
-    return a == b or (math.isnan(a) and math.isnan(b))
