@@ -3,7 +3,9 @@
 * :class:`Flusher`: one per process. Every ``DEFAULT_WAKE_INTERVAL_S`` it looks at each run's
   buffer and cuts batches when ``batch_size`` records wait or ``flush_interval`` has passed.
 * :class:`RunFlusher`: one per ``AppRun``. Drains its buffer, coalesces records into
-  :class:`~async_tracker.records.Batch` objects and hands a copy of each to every lane.
+  :class:`~async_tracker.records.Batch` objects and hands a copy of each to every lane. It
+  also keeps the run within ``max_buffered`` records in memory: past it, the run's writes go
+  where the overflow policy says (see :meth:`RunFlusher.check_memory`).
 * :class:`~async_tracker.lane.Lane` (in ``lane.py``): one per backend of a run.
 
 Everything here runs on the tracker loop thread, so the objects need no locks; the caller's
@@ -17,20 +19,21 @@ import math
 import os
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import anyio
 import anyio.abc
 
 from async_tracker.base import AsyncTrackerBase
-from async_tracker.buffer import ARTIFACT, METADATA, Buffer, Record
+from async_tracker.buffer import ARTIFACT, METADATA, NO_STEP, Buffer, Chunk, Overflow, Record
+from async_tracker.errors import TrackerClosedError
 from async_tracker.lane import Lane, describe
 from async_tracker.loop import TrackerLoop, get_loop
 from async_tracker.records import Batch, TrackerArtifact, TrackerMetric, TrackerSource
 from async_tracker.report import FlushReport, TrackerStatus
 from async_tracker.settings import DEFAULT_WAKE_INTERVAL_S, SPOOL_GRACE_S, RunOptions
-from async_tracker.spool import Spool, default_spool_dir
+from async_tracker.spool import Encoded, Spool, columns, default_spool_dir, encode_batch
 
 logger = logging.getLogger(__name__)
 
@@ -74,6 +77,23 @@ def coalesce(records: Sequence[Record], seq: int, last_step: dict[str, int]) -> 
     return batch
 
 
+def resolve_steps(chunk: Chunk, last_step: dict[str, int]) -> None:
+    """Gives the overflow's step-less points their steps (as :func:`coalesce` does) and
+    carries each name's last step on."""
+    names, idx, steps = chunk.names, chunk.idx, chunk.steps
+    if NO_STEP in steps:  # a C scan; the Python loop runs only for step-less points
+        last = [last_step.get(n, -1) for n in names]
+        for j, (i, step) in enumerate(zip(idx, steps)):
+            if step == NO_STEP:
+                step = steps[j] = last[i] + 1
+            last[i] = step
+        last_step.update(zip(names, last))
+        return
+    reversed_idx = idx[::-1]
+    for i, name in enumerate(names):
+        last_step[name] = steps[len(idx) - 1 - reversed_idx.index(i)]
+
+
 class RunFlusher:
     """The loop-side state of one run: its buffer, lanes and batch numbering."""
 
@@ -84,6 +104,7 @@ class RunFlusher:
         backends: Sequence[tuple[str, AsyncTrackerBase]],
         options: RunOptions,
         owns_backends: bool,
+        set_append: Callable[[Callable[[Record], None]], None] | None = None,
     ) -> None:
         self.run_id = run_id
         self.buffer = buffer
@@ -97,11 +118,23 @@ class RunFlusher:
                 b,
                 options.retry,
                 max_buffered=options.max_buffered,
-                spool=Spool(spool_dir, run_id, name),
+                spool=Spool(spool_dir, run_id, name, max(1, options.max_buffered // 2)),
                 durable=options.durable,
+                overflow=options.overflow,
             )
             for name, b in backends
         ]
+        # The run's memory bound. While overloaded, the caller's writes go through the
+        # function given to set_append (AppRun swaps its hot path's append; the swap is
+        # the only cost the bound adds to the hot path, and only while it holds).
+        self.overflow = Overflow()
+        self.overloaded = False
+        self._set_append = set_append or (lambda _: None)
+        self._room = threading.Event()  # set while not overloaded: blocked writers wait on it
+        self._room.set()
+        self._counts_lock = threading.Lock()  # blocked writers count from their own threads
+        self.blocked_writes = 0
+        self.blocked_s = 0.0
         self.seq = 0
         self.last_step: dict[str, int] = {}
         self.last_cut = time.monotonic()
@@ -110,23 +143,132 @@ class RunFlusher:
         # has stopped the lanes, or they would wait forever for progress that cannot come.
         self._waiting: set[anyio.CancelScope] = set()
 
-    def due(self, now: float) -> bool:
+    def tick(self, now: float) -> None:
+        """The flusher's look at this run: its memory bound, and a cut if one is due."""
         n = len(self.buffer)
-        return n >= self.options.batch_size or (
-            n > 0 and now - self.last_cut >= self.options.flush_interval
-        )
+        if (
+            n >= self.options.batch_size
+            or len(self.overflow)
+            or (n > 0 and now - self.last_cut >= self.options.flush_interval)
+        ):
+            self.cut()
+        else:
+            self.check_memory()
+
+    def held(self) -> int:
+        """Records of this run in memory: buffered, and the most any lane holds."""
+        return len(self.buffer) + max((lane.in_flight for lane in self.lanes), default=0)
+
+    def check_memory(self) -> None:
+        """Starts or ends an overload: more than ``max_buffered`` records in memory.
+
+        ``spool`` sends writes to the compact overflow, which goes to disk; ``block`` makes
+        writers wait for room (see :meth:`_blocking_append`); ``drop_oldest`` changes
+        nothing here: cut() and the lanes drop metrics. The overload ends at half the bound,
+        so that a run near it does not switch at every tick.
+        """
+        limit = self.options.max_buffered
+        held = self.held()
+        if not self.overloaded and held > limit:
+            self.overloaded = True
+            logger.info(
+                "async_tracker: run %r holds %d records (max_buffered=%d); overflow policy %s",
+                self.run_id, held, limit, self.options.overflow,
+            )
+            if self.options.overflow == "spool":
+                self._set_append(self.overflow.append)
+            elif self.options.overflow == "block":
+                self._room.clear()
+                self._set_append(self._blocking_append)
+        elif self.overloaded and held <= limit // 2:
+            self.overloaded = False
+            self._room.set()
+            self._set_append(self.buffer.append)
+
+    def _blocking_append(self, record: Record) -> None:
+        """The ``block`` policy's write, on the caller's thread: waits until the run is
+        back within its bound. Past ``overflow_timeout`` it spools instead, and so do the
+        writes after it until the overload ends: one wait per overload, not one per write."""
+        start = time.monotonic()
+        room = self._room.wait(self.options.overflow_timeout)
+        if self.closed:
+            raise TrackerClosedError(f"run {self.run_id!r} closed while this write waited")
+        if room:
+            self.buffer.append(record)
+        else:
+            self.overflow.append(record)
+            self._set_append(self.overflow.append)
+        with self._counts_lock:
+            self.blocked_writes += 1
+            self.blocked_s += time.monotonic() - start
 
     def cut(self) -> None:
-        """Moves everything buffered now into batches of at most ``batch_size`` records."""
+        """Moves everything buffered now into batches of at most ``batch_size`` records,
+        and the overflow's records to the lanes' spools."""
+        self.check_memory()
         self.last_cut = time.monotonic()
+        # The overflow first: a write that went to the deque (through an append fetched
+        # just before the switch) happened before every write in the overflow, so draining
+        # the deque after taking the overflow keeps them in order.
+        chunk = self.overflow.take()
         pending = len(self.buffer)
+        if self.options.overflow == "drop_oldest" and pending > self.options.max_buffered:
+            self._shed(self.buffer.drain(pending - self.options.max_buffered))
+            pending = len(self.buffer)
         while pending > 0:
             records = self.buffer.drain(min(pending, self.options.batch_size))
             pending -= len(records)
-            batch = coalesce(records, self.seq, self.last_step)
+            self._put(coalesce(records, self.seq, self.last_step))
+            # A long cut shares the GIL with writers that may be filling the buffer faster
+            # than it drains: look at the bound between batches, not only at ticks.
+            self.check_memory()
+        if chunk.records:
+            self._cut_chunk(chunk)
+
+    def _put(self, batch: Batch) -> None:
+        self.seq += 1
+        # Spool-policy overload: what the deque holds goes to disk too, not into the lanes'
+        # memory, so that the run's memory is its buffer's overshoot and no more.
+        spill = self.overloaded and self.options.overflow == "spool"
+        for lane in self.lanes:
+            lane.put(batch, spill)
+
+    def _shed(self, records: list[Record]) -> None:
+        """drop_oldest, for records still in the buffer: the metrics go (their steps still
+        count), the rest is kept."""
+        batch = coalesce(records, self.seq, self.last_step)
+        shed = len(batch.metrics)
+        batch.metrics = []
+        batch.records -= shed
+        for lane in self.lanes:
+            if lane.takes_metrics:
+                lane.shed += shed
+                lane.dropped += shed
+        if not batch.is_empty():
+            self._put(batch)
+
+    def _cut_chunk(self, chunk: Chunk) -> None:
+        """The overflow's records, encoded once into spool lines of at most ``batch_size``
+        points that every lane taking metrics appends to its spool as they are."""
+        resolve_steps(chunk, self.last_step)
+        rest = coalesce(chunk.others, self.seq, self.last_step)
+        if not rest.is_empty():
+            self._put(rest)
+        n, size = len(chunk.idx), self.options.batch_size
+        for start in range(0, n, size):
+            end = min(n, start + size)
+            cols = columns(
+                chunk.names,
+                chunk.idx[start:end],
+                chunk.values[start:end],
+                chunk.steps[start:end],
+                chunk.times[start:end],
+            )
+            encoded = Encoded(encode_batch(Batch(self.seq, records=end - start), cols), end - start)
             self.seq += 1
             for lane in self.lanes:
-                lane.put(batch)
+                if lane.takes_metrics:
+                    lane.put_encoded(encoded)
 
     async def _settle(self, lanes: Sequence[Lane]) -> None:
         for lane in lanes:
@@ -153,6 +295,7 @@ class RunFlusher:
         spools what they still hold."""
         deadline = anyio.current_time() + timeout
         self.closed = True
+        self._room.set()  # writers blocked by the block policy give up now
         try:
             return await self._close(deadline, timeout)
         finally:
@@ -181,11 +324,14 @@ class RunFlusher:
         return report
 
     def status(self) -> TrackerStatus:
-        buffered = len(self.buffer)
+        buffered = len(self.buffer) + len(self.overflow)
         return TrackerStatus(
             run_id=self.run_id,
             closed=self.closed,
             backends={lane.name: lane.status(buffered) for lane in self.lanes},
+            overloaded=self.overloaded,
+            blocked_writes=self.blocked_writes,
+            blocked_s=self.blocked_s,
         )
 
 
@@ -221,8 +367,8 @@ class Flusher:
                 for run in list(self.runs):
                     if run.closed:
                         self.runs.discard(run)
-                    elif run.due(now):
-                        run.cut()
+                    else:
+                        run.tick(now)
 
     async def add(self, run: RunFlusher) -> None:
         """Registers a run and starts its lanes (on the loop: lanes are tasks of ours)."""

@@ -7,7 +7,11 @@ disk is drained. A lane spills when
 
 * its backend failed past the retry budget (the batch being retried stays in memory; the
   rest go to disk),
-* it holds more than ``max_buffered`` records in memory (a stalled backend),
+* it holds more than ``max_buffered`` records in memory (a stalled backend), unless the
+  run's overflow policy says otherwise: ``drop_oldest`` drops the metrics of its oldest
+  queued batches instead, ``block`` leaves it to the caller to wait,
+* the run's overflow (records accepted past ``max_buffered``, see
+  :class:`~async_tracker.buffer.Overflow`) hands it lines already encoded for the spool.
 
 With ``durable=True`` every batch is also written to disk before it is delivered (a
 write-ahead log): it is then delivered from memory, and its segment removed once delivered.
@@ -30,13 +34,18 @@ from async_tracker.errors import is_transient
 from async_tracker.records import Batch
 from async_tracker.report import BackendStatus
 from async_tracker.retry import RetryPolicy, retry_call
-from async_tracker.spool import Spool, is_adopted
+from async_tracker.settings import OverflowPolicy
+from async_tracker.spool import Encoded, Spool, decode_batch, is_adopted
 
 logger = logging.getLogger(__name__)
 
 
 def describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"
+
+
+def as_batch(item: Batch | Encoded) -> Batch:
+    return decode_batch(item.line) if isinstance(item, Encoded) else item
 
 
 class Lane:
@@ -50,8 +59,9 @@ class Lane:
         policy: RetryPolicy,
         *,
         max_buffered: int,
-        spool: Spool | None = None,
+        spool: Spool,
         durable: bool = False,
+        overflow: OverflowPolicy = "spool",
     ) -> None:
         self.run_id = run_id
         self.name = name
@@ -59,13 +69,15 @@ class Lane:
         self.policy = policy
         self.max_buffered = max_buffered
         self.spool = spool
-        self.durable = durable and spool is not None
+        self.durable = durable
+        self.overflow = overflow
         self.takes_metrics = backend.supports_metrics
         self.queue: deque[tuple[Batch, float]] = deque()  # (batch, monotonic time queued)
         self.in_flight = 0  # records in memory: queued, being written, or waiting for disk
         self.spooled = 0  # records on disk, not yet delivered
         self.delivered = 0
         self.dropped = 0
+        self.shed = 0  # metrics dropped by the drop_oldest policy (also counted in dropped)
         self.retries = 0
         self.last_error: str | None = None
         self.healthy = True
@@ -73,7 +85,7 @@ class Lane:
         # flush()/close() before trying again.
         self.parked = False
         self.spilling = False
-        self._to_spool: list[Batch] = []
+        self._to_spool: list[Batch | Encoded] = []
         # Write-ahead log (durable): the segment of each logged batch held in memory, and how
         # many batches of each such segment are still undelivered.
         self._wal_segment: dict[int, Path] = {}
@@ -83,7 +95,7 @@ class Lane:
         self._oldest_on_disk: float | None = None
         # Until the lane has looked for segments an earlier process left, it is not settled:
         # a flush() must wait for their replay.
-        self._adopting = spool is not None
+        self._adopting = True
         self._spool_broken_until = 0.0  # after a spool write failed: keep records in memory
         self._bound = False
 
@@ -99,7 +111,9 @@ class Lane:
             self._bound = True
 
     # -- called on the loop by RunFlusher ---------------------------------------------------
-    def put(self, batch: Batch) -> None:
+    def put(self, batch: Batch, spill: bool = False) -> None:
+        """Queues a batch; ``spill``: the run is over its memory bound, so the batch goes to
+        disk (and the lane spills from now on, as when it is over the bound itself)."""
         self.bind()
         mine = batch.for_lane()
         if not self.takes_metrics and mine.metrics:
@@ -108,13 +122,12 @@ class Lane:
         if mine.is_empty():
             return
         self.in_flight += mine.records
-        if self.spool is None:
-            self.queue.append((mine, time.monotonic()))
-            self._work.set()
-            return
+        if self.in_flight > self.max_buffered and self.overflow == "drop_oldest":
+            self._shed()
         if (
             not self.spilling
-            and self.in_flight > self.max_buffered
+            and (self.in_flight > self.max_buffered or spill)
+            and self.overflow == "spool"
             and time.monotonic() >= self._spool_broken_until
         ):
             logger.info(
@@ -128,6 +141,31 @@ class Lane:
         else:
             self.queue.append((mine, time.monotonic()))
         self._work.set()
+
+    def put_encoded(self, encoded: Encoded) -> None:
+        """Takes records of the run's overflow: they go to disk, and what comes after them
+        too, until the disk is drained (the order of delivery is the order of the calls)."""
+        self.bind()
+        self.in_flight += encoded.records
+        self.spilling = True
+        self._to_spool.append(encoded)
+        self._spool_work.set()
+        self._work.set()
+
+    def _shed(self) -> None:
+        """drop_oldest: drops the metrics of the oldest queued batches until the lane is
+        back within ``max_buffered``. The head may be half written; it is kept."""
+        for batch, _ in list(self.queue)[1:]:
+            if self.in_flight <= self.max_buffered:
+                break
+            n = len(batch.metrics)
+            if n and id(batch) not in self._wal_segment:
+                batch.metrics = []  # this lane's copy: the list itself is shared
+                batch.records -= n
+                self.in_flight -= n
+                self.shed += n
+                self.dropped += n
+        # Batches emptied of everything are skipped by the deliverer at no cost.
 
     def kick(self) -> None:
         """Retry a parked batch now (flush and close want their answer now, not later)."""
@@ -156,8 +194,6 @@ class Lane:
 
     async def spool_leftovers(self) -> None:
         """After ``abandon()``: moves what is still in memory to disk (close's last step)."""
-        if self.spool is None:
-            return
         logged = [b for b, _ in self.queue if id(b) in self._wal_segment]  # already on disk
         batches = [b for b, _ in self.queue if id(b) not in self._wal_segment] + self._to_spool
         if batches:
@@ -191,7 +227,8 @@ class Lane:
             last_error=self.last_error,
             lag_s=now - min(oldest) if oldest else 0.0,
             healthy=self.healthy,
-            spool_path=self.spool.path if self.spool is not None else None,
+            spool_path=self.spool.path,
+            shed=self.shed,
         )
 
     # -- the tasks ------------------------------------------------------------------------------
@@ -208,14 +245,12 @@ class Lane:
         self.bind()
         with self._scope:
             async with anyio.create_task_group() as tg:
-                if self.spool is not None:
-                    tg.start_soon(self._write_spool)
-                    await self._adopt_earlier_segments()
+                tg.start_soon(self._write_spool)
+                await self._adopt_earlier_segments()
                 await self._deliver_forever()
 
     async def _adopt_earlier_segments(self) -> None:
         """Segments left by a process that died or closed on a deadline: replayed first."""
-        assert self.spool is not None
         try:
             segments = await self.spool.take()
         except OSError as exc:
@@ -232,15 +267,25 @@ class Lane:
             self._replay.extend(segments)
             self._oldest_on_disk = time.monotonic()
 
+    def _next_write(self) -> list[Batch | Encoded]:
+        """The oldest batches waiting for disk, up to a segment's worth of records."""
+        out: list[Batch | Encoded] = []
+        n = 0
+        for b in self._to_spool:
+            out.append(b)
+            n += b.records
+            if n >= self.spool.segment_records:
+                break
+        return out
+
     async def _write_spool(self) -> None:
-        assert self.spool is not None
         while True:
             await self._spool_work.wait()
             self._spool_work = anyio.Event()
             while self._to_spool:
                 # Removed from _to_spool only once on disk: if close() cancels us mid-write,
                 # spool_leftovers() still finds them (a torn line is skipped on replay).
-                batches = list(self._to_spool)
+                batches = self._next_write()
                 try:
                     # A segment of its own per write-ahead write: its batches are then either
                     # all in memory or all left on disk, never split.
@@ -256,7 +301,7 @@ class Lane:
                         # Nothing older is on disk, so delivering these from memory keeps
                         # the order: stop spilling until the cooldown has passed.
                         now = time.monotonic()
-                        self.queue.extend((b, now) for b in self._to_spool)
+                        self.queue.extend((as_batch(b), now) for b in self._to_spool)
                         self._to_spool.clear()
                         self.spilling = False
                         self._work.set()
@@ -267,8 +312,10 @@ class Lane:
                 del self._to_spool[: len(batches)]
                 if self.durable and not self.spilling:
                     # Logged: deliver from memory; the segment goes once all are delivered.
+                    # (Encoded batches come only with spilling set.)
                     now = time.monotonic()
                     for b in batches:
+                        assert isinstance(b, Batch)
                         self._wal_segment[id(b)] = segment
                         self.queue.append((b, now))
                     self._wal_left[segment] = len(batches)
@@ -303,12 +350,10 @@ class Lane:
         self._wal_left[segment] -= 1
         if self._wal_left[segment] == 0:
             del self._wal_left[segment]
-            assert self.spool is not None
             await self.spool.delivered(segment)
 
     async def _deliver_from_disk(self) -> bool:
         """Delivers the next spooled batch. False when there is nothing on disk to deliver."""
-        assert self.spool is not None
         if not self._replay:
             if self._to_spool:
                 return False  # the writer has it; it wakes us when it is on disk
@@ -343,6 +388,8 @@ class Lane:
     async def _deliver(self, batch: Batch) -> bool:
         """Writes one batch with retries. True when it is done with (delivered, or dropped
         as permanently refused); False when the lane parked and the batch must be retried."""
+        if batch.is_empty():  # every metric of it shed by drop_oldest
+            return True
         try:
             await retry_call(
                 self.policy, self._on_retry, self.backend.write_batch, self.run_id, batch
@@ -370,7 +417,7 @@ class Lane:
             "async_tracker: backend %s of run %r is failing (%s); retrying in %.1f s",
             self.name, self.run_id, self.last_error, self.policy.cooldown_s,
         )
-        if self.spool is not None and not self.spilling and len(self.queue) > 1:
+        if not self.spilling and len(self.queue) > 1:
             # Down past the retry budget: everything behind the batch being retried goes to
             # disk, and so does what comes next, until the backend is back and caught up.
             head = self.queue.popleft()

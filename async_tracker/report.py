@@ -25,6 +25,7 @@ class BackendStatus:
     lag_s: float
     healthy: bool
     spool_path: str | None = None
+    shed: int = 0  # metrics dropped by the drop_oldest overflow policy (counted in dropped)
 
 
 @dataclass(frozen=True)
@@ -34,6 +35,10 @@ class TrackerStatus:
     run_id: str
     closed: bool
     backends: dict[str, BackendStatus] = field(default_factory=dict)
+    # Over max_buffered now; and what the block overflow policy has cost the writers.
+    overloaded: bool = False
+    blocked_writes: int = 0
+    blocked_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -43,14 +48,19 @@ class FlushReport:
     ``delivered``: stored by backends. ``pending``: still in memory, in flight or waiting for
     a backend to come back. ``spooled``: written to the local spool (``spool_paths`` says
     where), to be replayed later. ``dropped``: discarded by a policy the user chose, or refused
-    by a backend as permanently invalid. ``errors``: the last error of each backend that has
-    one. ``ok`` is true when everything accepted so far is delivered.
+    by a backend as permanently invalid; ``shed`` is the part the ``drop_oldest`` overflow
+    policy dropped. ``blocked_writes`` and ``blocked_s``: the writes the ``block`` overflow
+    policy held back, and how long they waited in all. ``errors``: the last error of each
+    backend that has one. ``ok`` is true when everything accepted so far is delivered.
     """
 
     delivered: int = 0
     pending: int = 0
     spooled: int = 0
     dropped: int = 0
+    shed: int = 0
+    blocked_writes: int = 0
+    blocked_s: float = 0.0
     errors: dict[str, str] = field(default_factory=dict)
     spool_paths: dict[str, str] = field(default_factory=dict)
     timed_out: bool = False
@@ -67,6 +77,9 @@ class FlushReport:
             pending=sum(s.buffered + s.in_flight for s in b),
             spooled=sum(s.spooled for s in b),
             dropped=sum(s.dropped for s in b),
+            shed=sum(s.shed for s in b),
+            blocked_writes=status.blocked_writes,
+            blocked_s=status.blocked_s,
             errors={
                 s.name: s.last_error for s in b if s.last_error and (s.dropped or not s.healthy)
             },

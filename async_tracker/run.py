@@ -62,7 +62,7 @@ from async_tracker.records import (
 )
 from async_tracker.report import FlushReport, TrackerStatus
 from async_tracker.retry import RetryPolicy
-from async_tracker.settings import CLOSE_SLACK_S, RunOptions
+from async_tracker.settings import CLOSE_SLACK_S, OverflowPolicy, RunOptions
 from async_tracker.spool import default_spool_dir, has_spool
 
 logger = logging.getLogger(__name__)
@@ -92,7 +92,11 @@ class AppRun:
         flush_interval: seconds between flushes while records wait.
         batch_size: records per batch; a full batch is flushed within the flusher's wake
             interval (50 ms) whatever ``flush_interval`` says.
-        max_buffered: records held in memory per backend before the overflow policy acts.
+        max_buffered: records the run holds in memory (its buffer and the fullest lane)
+            before the overflow policy acts.
+        overflow: past ``max_buffered``, ``"spool"`` (default) writes records to the spool,
+            ``"block"`` makes writes wait for room (at most ``overflow_timeout`` seconds per
+            overload, then spools), ``"drop_oldest"`` drops the oldest metrics in memory.
         spool_dir, durable: where and whether to write records to local disk first.
         close_timeout: seconds ``close()`` and the exit hook wait at most.
         retry: how each backend's lane retries transient failures.
@@ -110,6 +114,8 @@ class AppRun:
         max_buffered: int | None = None,
         spool_dir: str | None = None,
         durable: bool | None = None,
+        overflow: OverflowPolicy | None = None,
+        overflow_timeout: float | None = None,
         close_timeout: float | None = None,
         retry: RetryPolicy | None = None,
         strict: bool | None = None,
@@ -127,6 +133,8 @@ class AppRun:
             "max_buffered": max_buffered,
             "spool_dir": spool_dir,
             "durable": durable,
+            "overflow": overflow,
+            "overflow_timeout": overflow_timeout,
             "close_timeout": close_timeout,
             "retry": retry,
             "strict": strict,
@@ -264,6 +272,7 @@ class AppRun:
                     list(zip(self._names, self._async_backends)),
                     self.options,
                     self._owns_backends,
+                    set_append=self._set_append,
                 )
                 # Registration runs on the loop (the lanes become its tasks); we do not wait
                 # for it: records appended meanwhile simply wait in the buffer.
@@ -273,6 +282,13 @@ class AppRun:
                 # deliver, and the exit hook must find it.
                 shutdown.hold(self)
             return self._flusher
+
+    def _set_append(self, append: Callable[[tuple[Any, ...]], None]) -> None:
+        """The flusher's switch of the hot path into and out of an overload. Under the
+        lock, so that it never undoes close()'s switch to _closed_append."""
+        with self._start_lock:
+            if not self.closed and self._flusher is not None:
+                self._append = append
 
     def _closed_append(self, record: tuple[Any, ...]) -> None:
         raise TrackerClosedError(f"run {self.id!r} is closed; it accepts no more writes")

@@ -8,12 +8,19 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
+from typing import Literal, get_args
 
 from async_tracker.retry import RetryPolicy
 
 DEFAULT_FLUSH_INTERVAL_S = 1.0
 DEFAULT_BATCH_SIZE = 10_000
 DEFAULT_MAX_BUFFERED = 1_000_000
+# What happens to writes while a run holds more than max_buffered records in memory:
+# "spool" (the default) sends them to the disk spool; "block" makes the writer wait for room
+# up to overflow_timeout, then spools; "drop_oldest" drops the oldest metrics in memory.
+OverflowPolicy = Literal["spool", "block", "drop_oldest"]
+OVERFLOW_POLICIES: tuple[str, ...] = get_args(OverflowPolicy)
+DEFAULT_OVERFLOW_TIMEOUT_S = 10.0
 DEFAULT_CLOSE_TIMEOUT_S = 10.0
 # How often the flusher looks at the buffers. The hot path never wakes the flusher (that would
 # be an event-loop call); it finds a full batch within this time instead. Each wake costs
@@ -42,6 +49,8 @@ class RunOptions:
     max_buffered: int = DEFAULT_MAX_BUFFERED
     spool_dir: str | None = None
     durable: bool = False
+    overflow: OverflowPolicy = "spool"
+    overflow_timeout: float = DEFAULT_OVERFLOW_TIMEOUT_S
     close_timeout: float = DEFAULT_CLOSE_TIMEOUT_S
     retry: RetryPolicy = field(default_factory=RetryPolicy)
     strict: bool = False
@@ -54,6 +63,14 @@ class RunOptions:
         if self.max_buffered < self.batch_size:
             raise ValueError(
                 f"max_buffered ({self.max_buffered}) must be >= batch_size ({self.batch_size})"
+            )
+        if self.overflow not in OVERFLOW_POLICIES:
+            raise ValueError(
+                f"overflow must be one of {', '.join(OVERFLOW_POLICIES)}; got {self.overflow!r}"
+            )
+        if not self.overflow_timeout >= 0:
+            raise ValueError(
+                f"overflow_timeout must be >= 0 seconds, got {self.overflow_timeout!r}"
             )
         if not self.close_timeout >= 0:
             raise ValueError(f"close_timeout must be >= 0 seconds, got {self.close_timeout!r}")
@@ -76,7 +93,7 @@ class RunOptions:
 def _parse(name: str, raw: str) -> object:
     var = ENV_PREFIX + name.upper()
     try:
-        if name in ("flush_interval", "close_timeout"):
+        if name in ("flush_interval", "close_timeout", "overflow_timeout"):
             return float(raw)
         if name in ("batch_size", "max_buffered"):
             return int(raw)
@@ -86,6 +103,8 @@ def _parse(name: str, raw: str) -> object:
                 return True
             if low in ("0", "false", "no", "off"):
                 return False
+            raise ValueError(raw)
+        if name == "overflow" and raw not in OVERFLOW_POLICIES:
             raise ValueError(raw)
         return raw
     except ValueError:

@@ -41,8 +41,9 @@ import time
 import zlib
 from array import array
 from base64 import b32decode, b32encode, b64decode, b64encode
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -114,25 +115,38 @@ def _encode_metrics(metrics: list[TrackerMetric]) -> list[object]:
     names = list(map(_NAME, metrics))
     table = list(dict.fromkeys(names))
     index = {n: i for i, n in enumerate(table)}
-
-    def column(code: str, values: Iterable[object]) -> str:
-        return b64encode(array(code, values).tobytes()).decode("ascii")  # type: ignore[type-var]
-
-    return [
+    steps: object
+    try:
+        steps = array("q", map(_STEP, metrics))
+    except OverflowError:  # a step beyond int64: such a column stays a JSON list
+        steps = list(map(_STEP, metrics))
+    return columns(
         table,
-        column("I", map(index.__getitem__, names)),
-        column("d", map(_VALUE, metrics)),
-        column("q", map(_STEP, metrics)),
-        column("d", map(_TIME, metrics)),
-    ]
+        array("I", map(index.__getitem__, names)),
+        array("d", map(_VALUE, metrics)),
+        steps,
+        array("d", map(_TIME, metrics)),
+    )
+
+
+def columns(table: list[str], *cols: object) -> list[object]:
+    """The spooled form of metric columns: arrays as base64 of their bytes."""
+    return [table, *(_b64(c) if isinstance(c, array) else c for c in cols)]
+
+
+def _b64(a: array[Any]) -> str:
+    return b64encode(a.tobytes()).decode("ascii")
 
 
 def _decode_metrics(cols: list[Any]) -> list[TrackerMetric]:
-    table, idx, values, steps, times = cols
-    arrays = []
-    for code, data in (("I", idx), ("d", values), ("q", steps), ("d", times)):
+    table, *data = cols
+    arrays: list[Any] = []
+    for code, col in zip("Idqd", data):
+        if isinstance(col, list):
+            arrays.append(col)
+            continue
         a = array(code)
-        a.frombytes(b64decode(data))
+        a.frombytes(b64decode(col))
         arrays.append(a)
     if not len(arrays[0]) == len(arrays[1]) == len(arrays[2]) == len(arrays[3]):
         raise ValueError("metric columns differ in length")
@@ -146,20 +160,30 @@ _new_metric = tuple.__new__
 _NAME, _VALUE, _STEP, _TIME = (operator.itemgetter(i) for i in range(4))
 
 
-def encode_batch(batch: Batch) -> bytes:
-    """One line: crc32 of the JSON, a space, the JSON (metrics as columns), a newline."""
+def encode_batch(batch: Batch, metrics: list[object] | None = None) -> bytes:
+    """One line: crc32 of the JSON, a space, the JSON (metrics as columns), a newline.
+    ``metrics``, if given, are the batch's metrics already as :func:`columns`."""
     body = {
         "seq": batch.seq,
         "records": batch.records,
         "metadata": batch.metadata,
         "artifacts": [[a.name, a.path, a.metadata] for a in batch.artifacts.values()],
         "sources": [[s.source_run_id, s.artifact_name] for s in batch.sources],
-        "metrics": _encode_metrics(batch.metrics),
+        "metrics": _encode_metrics(batch.metrics) if metrics is None else metrics,
         "names": batch.names,
         "done": sorted(batch.done),
     }
     data = json.dumps(body, separators=(",", ":")).encode("utf-8")
     return b"%08x %s\n" % (zlib.crc32(data), data)
+
+
+@dataclass
+class Encoded:
+    """A batch already encoded as a spool line: the overflow's chunks, encoded once for
+    every lane."""
+
+    line: bytes
+    records: int
 
 
 def decode_batch(line: bytes) -> Batch:
@@ -265,9 +289,16 @@ class Spool:
     this process may replay (its own and those of dead processes), oldest first.
     """
 
-    def __init__(self, spool_dir: Path, run_id: str, backend: str) -> None:
+    def __init__(
+        self, spool_dir: Path, run_id: str, backend: str, segment_records: int = 100_000
+    ) -> None:
         self.dir = Path(spool_dir) / run_dir_name(run_id) / backend_dir_name(backend)
+        # A segment is sealed once it holds this many records: replay reads a whole segment
+        # into memory, so this bounds the memory a replay takes.
+        self.segment_records = segment_records
         self._current: Path | None = None
+        self._file: Any = None  # aiofiles' handle of the open segment
+        self._current_records = 0
         self._lock_obj: anyio.Lock | None = None
 
     @property
@@ -284,26 +315,52 @@ class Spool:
     def _new_segment(self) -> Path:
         return self.dir / f"{time.time_ns()}-{_owner.token}{SEGMENT_SUFFIX}"
 
-    async def append(self, batches: Iterable[Batch], new_segment: bool = False) -> Path:
-        """Appends batches to the open segment (created on first use, or now if
-        ``new_segment``, which also seals it) and returns the segment's path."""
-        data = b"".join(encode_batch(b) for b in batches)
+    async def append(
+        self, batches: Sequence[Batch | Encoded], new_segment: bool = False
+    ) -> Path:
+        """Appends batches to the open segment (created on first use, when the open one is
+        full, or now if ``new_segment``, which also seals it) and returns the segment's path."""
+        data = b"".join(b.line if isinstance(b, Encoded) else encode_batch(b) for b in batches)
         async with self._lock:
-            if self._current is None or new_segment:
+            if (
+                self._file is None
+                or new_segment
+                or self._current_records >= self.segment_records
+            ):
+                await self._seal()
                 await _io(self._prepare)
-                self._current = self._new_segment()
+                segment = self._new_segment()
+                # Unbuffered and kept open until sealed: one worker-thread hop per append.
+                # Each hop waits for the GIL, and a training loop that only logs holds it
+                # for 5 ms at a time, so hops, not bytes, set the pace of the spool.
+                self._file = await aiofiles.open(segment, "ab", buffering=0, executor=_EXECUTOR)
+                self._current = segment
+                self._current_records = 0
+            assert self._file is not None and self._current is not None
             segment = self._current
-            if new_segment:
-                self._current = None
-            # Not `async with`: aiofiles closes through asyncio's default executor there.
-            f = await aiofiles.open(segment, "ab", executor=_EXECUTOR)
+            self._current_records += sum(b.records for b in batches)
             try:
-                await f.write(data)
-                # Flushed to the OS, which keeps it through a SIGKILL of this process.
-                await f.flush()
-            finally:
-                await f.close()
+                # Straight to the OS, which keeps it through a SIGKILL of this process.
+                view = memoryview(data)
+                while view:
+                    written = await self._file.write(view)
+                    view = view[written:]
+            except BaseException:
+                # A write that failed or was cancelled may have left a torn line: the next
+                # append must not run into it, so it starts a new segment. Shielded: the
+                # handle must be closed even when we are cancelled.
+                with anyio.CancelScope(shield=True):
+                    await self._seal()
+                raise
+            if new_segment:
+                await self._seal()
         return segment
+
+    async def _seal(self) -> None:
+        """Closes the open segment: later appends go to a new one."""
+        f, self._file, self._current = self._file, None, None
+        if f is not None:
+            await f.close()
 
     def _prepare(self) -> None:
         self.dir.mkdir(parents=True, exist_ok=True)
@@ -313,7 +370,7 @@ class Spool:
         """Seals the open segment and lists the segments to replay: ours, and those whose
         owner is dead (adopted: their lock is now ours), oldest first."""
         async with self._lock:
-            self._current = None
+            await self._seal()
         return await _io(self._replayable)
 
     def _replayable(self) -> list[Path]:

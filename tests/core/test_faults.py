@@ -285,8 +285,10 @@ def test_a_failing_backend_never_delays_the_other(make_run: MakeRun) -> None:
         run.flush(timeout=0)
         assert fine.wait_for("write_batch", batch + 1, outcome="ok")
     report = run.flush()
-    assert report.delivered == 3 and report.pending == 3 and "down" in report.errors
-    assert "fine" not in report.errors
+    # Down's 3 batches: the one being retried in memory, the rest in memory or spooled
+    # (depending on whether they arrived before its retries ran out).
+    assert report.delivered == 3 and report.pending + report.spooled == 3
+    assert "down" in report.errors and "fine" not in report.errors
 
 
 def test_a_slow_backend_never_delays_the_other(make_run: MakeRun) -> None:
