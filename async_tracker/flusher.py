@@ -288,6 +288,7 @@ class RunFlusher:
                 await self._settle(self.lanes if lanes is None else lanes)
             finally:
                 self._waiting.discard(scope)
+        self.check_memory()  # so that status() after a flush tells the overload as it is now
         return FlushReport.from_status(self.status(), timed_out=scope.cancelled_caught)
 
     async def close(self, timeout: float) -> FlushReport:

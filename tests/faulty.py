@@ -209,6 +209,7 @@ class FaultyTracker(AsyncTrackerBase):
             self._counts[method] = number
             call = Call(method, number, args, kwargs)
             self.calls.append(call)
+            self._cond.notify_all()  # wait_for(n) counts calls that started, hung or not
             action = next((a for m, p, a in self._rules if m == method and p(number)), None)
         try:
             if action is not None:

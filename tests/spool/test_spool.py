@@ -8,37 +8,19 @@ import signal
 import subprocess
 import sys
 import threading
-import time
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
-from async_tracker import AppRun, RetryPolicy
+from async_tracker import AppRun
 from async_tracker.backend.memory import InMemoryTracker
 from async_tracker.records import Batch, TrackerMetric
-from async_tracker.spool import SEGMENT_SUFFIX, decode_batch, encode_batch, spooled_runs
+from async_tracker.spool import decode_batch, encode_batch, spooled_runs
 from async_tracker.sync import sync_spool
 from tests.faulty import FaultyTracker, FileTracker, Hang, transient
+from tests.spool.helpers import NO_WAIT, segments, wait_until
 
 REPO = Path(__file__).resolve().parents[2]
-NO_WAIT = RetryPolicy(max_attempts=2, initial_backoff_s=0, max_backoff_s=0, jitter_s=0,
-                      cooldown_s=3600)
-
-
-def wait_until(condition: Callable[[], bool], timeout: float = 30.0) -> None:
-    """Waits for a condition of the system under test (not for time to pass), bounded."""
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not reached in time")
-        time.sleep(0.005)
-
-
-def segments(spool_dir: Path) -> list[Path]:
-    return sorted(spool_dir.rglob(f"*{SEGMENT_SUFFIX}"))
-
-
 def metric_steps(tracker: FileTracker, run_id: str) -> list[int]:
     steps = []
     for line in tracker.lines():

@@ -1,0 +1,239 @@
+"""Overload: a run holding more than ``max_buffered`` records, under each overflow policy.
+
+Each test stalls the backend on its first batch (a ``Hang``), fills the run past its bound,
+and drives the flusher with ``flush(0)``, which cuts what is buffered and looks at the bound.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+from pathlib import Path
+
+import anyio
+import pytest
+
+from async_tracker import AppRun, TrackerClosedError
+from async_tracker.backend.memory import InMemoryTracker
+from async_tracker.buffer import Chunk
+from async_tracker.flusher import coalesce, resolve_steps
+from async_tracker.records import Batch, TrackerMetric
+from async_tracker.settings import RunOptions
+from async_tracker.spool import Encoded, Spool, decode_batch, encode_batch
+from tests.faulty import FaultyTracker, Hang
+from tests.spool.helpers import segments, wait_until
+
+
+def stalled_run(
+    tmp_path: Path, release: threading.Event, **options: object
+) -> tuple[AppRun, FaultyTracker, InMemoryTracker]:
+    """A run whose backend hangs on its first batch (the first 50 points) until released."""
+    mem = InMemoryTracker()
+    backend = FaultyTracker(mem, name="slow").on("write_batch", 1, action=Hang(release))
+    run = AppRun("over", [backend], spool_dir=str(tmp_path), max_buffered=100, batch_size=10,
+                 flush_interval=3600, **options)  # type: ignore[arg-type]
+    for i in range(50):
+        run.log_metric("m", float(i), i)
+    run.flush(0)
+    assert backend.wait_for("write_batch", 1)
+    return run, backend, mem
+
+
+def test_spool_policy_takes_writes_past_the_bound_to_disk_and_back_in_order(
+    tmp_path: Path,
+) -> None:
+    release = threading.Event()
+    run, _, mem = stalled_run(tmp_path, release)
+    for i in range(50, 200):
+        run.log_metric("m", float(i), i)
+        run.log_metric("auto", float(i))  # steps resolved across the switch: 0, 1, 2 ...
+    run.flush(0)
+    assert run.status().overloaded
+
+    # Overloaded: writes go to the compact overflow, not the deque.
+    assert run._flusher is not None
+    overflow = run._flusher.overflow
+    for i in range(200, 300):
+        run.log_metric("m", float(i), i)
+        run.log_metric("auto", float(i))
+    run.add_metadata(last=299)
+    assert len(overflow) == 201 and len(run._buffer) == 0
+    run.flush(0)
+    assert len(overflow) == 0
+    wait_until(lambda: run.status().backends["slow"].spooled > 0)
+    assert segments(tmp_path)
+
+    release.set()
+    report = run.flush(60)
+    assert report.ok and report.delivered == 300 + 250 + 1, report
+    assert [p.step for p in mem.points("over", "m")] == list(range(300))
+    assert [p.value for p in mem.points("over", "m")] == [float(i) for i in range(300)]
+    assert [p.step for p in mem.points("over", "auto")] == list(range(250))
+    assert anyio.run(mem.metadata, "over") == {"last": 299}
+    assert not run.status().overloaded
+    assert segments(tmp_path) == []
+
+    # Back within the bound, writes take the deque again.
+    run.log_metric("m", 300.0, 300)
+    assert len(run._buffer) == 1
+    run.close()
+
+
+def test_block_policy_makes_the_writer_wait_for_room(tmp_path: Path) -> None:
+    release = threading.Event()
+    run, _, mem = stalled_run(tmp_path, release, overflow="block", overflow_timeout=60)
+    for i in range(50, 150):
+        run.log_metric("m", float(i), i)
+    run.flush(0)
+    assert run.status().overloaded
+    # The lane holds its records in memory: block never spills them.
+    assert run.status().backends["slow"].spooled == 0
+
+    writer = threading.Thread(target=run.log_metric, args=("m", 150.0, 150))
+    writer.start()
+    writer.join(0.3)
+    assert writer.is_alive(), "a write past the bound returned while the backend was stuck"
+
+    release.set()  # the backend drains, the flusher sees room and wakes the writer
+    writer.join(30)
+    assert not writer.is_alive()
+    report = run.flush(30)
+    assert report.ok and report.delivered == 151, report
+    assert report.blocked_writes == 1 and report.blocked_s >= 0.3
+    assert [p.step for p in mem.points("over", "m")] == list(range(151))
+    assert segments(tmp_path) == []
+    run.close()
+
+
+def test_block_policy_spools_once_its_deadline_passes(tmp_path: Path) -> None:
+    release = threading.Event()
+    run, _, mem = stalled_run(tmp_path, release, overflow="block", overflow_timeout=0)
+    for i in range(50, 150):
+        run.log_metric("m", float(i), i)
+    run.flush(0)
+    assert run.status().overloaded
+    # No room within the deadline (0 s): this write and the rest of the overload spool.
+    for i in range(150, 250):
+        run.log_metric("m", float(i), i)
+    status = run.status()
+    assert status.blocked_writes == 1
+    run.flush(0)
+    wait_until(lambda: run.status().backends["slow"].spooled >= 100)
+
+    release.set()
+    report = run.flush(60)
+    assert report.ok and report.delivered == 250, report
+    assert [p.step for p in mem.points("over", "m")] == list(range(250))
+    run.close()
+
+
+def test_closing_releases_a_blocked_writer_with_an_error(tmp_path: Path) -> None:
+    release = threading.Event()
+    run, _, _ = stalled_run(tmp_path, release, overflow="block", overflow_timeout=60)
+    for i in range(50, 150):
+        run.log_metric("m", float(i), i)
+    run.flush(0)
+    errors: list[BaseException] = []
+
+    def write() -> None:
+        try:
+            run.log_metric("m", 150.0, 150)
+        except TrackerClosedError as exc:
+            errors.append(exc)
+
+    writer = threading.Thread(target=write)
+    writer.start()
+    writer.join(0.2)
+    assert writer.is_alive()
+    report = run.close(timeout=0.5)
+    writer.join(30)
+    assert not writer.is_alive() and len(errors) == 1
+    # Nothing accepted is lost: the stuck batch and the rest are spooled.
+    assert report.spooled + report.pending == 150 and report.delivered == 0, report
+    release.set()
+
+
+def test_drop_oldest_policy_drops_old_metrics_and_counts_them(tmp_path: Path) -> None:
+    release = threading.Event()
+    run, _, mem = stalled_run(tmp_path, release, overflow="drop_oldest")
+    for i in range(50, 400):
+        run.log_metric("m", float(i), i)
+        if i % 100 == 0:
+            run.add_metadata(at=i)  # never dropped
+    run.flush(0)
+    status = run.status().backends["slow"]
+    assert status.shed > 0 and status.dropped == status.shed
+    assert status.in_flight <= 100 + 10  # the bound, plus the batch being written
+    assert status.spooled == 0
+
+    release.set()
+    report = run.flush(60)
+    steps = [p.step for p in mem.points("over", "m")]
+    assert report.delivered + report.shed == 400 + 3, report
+    assert report.dropped == report.shed and not report.ok
+    assert steps == sorted(steps) and steps[:10] == list(range(10))  # the batch in flight
+    assert steps[-80:] == list(range(320, 400))  # the newest are kept
+    assert anyio.run(mem.metadata, "over") == {"at": 300}
+    assert segments(tmp_path) == []
+    run.close()
+
+
+def test_overflow_options_come_from_the_environment_and_are_checked() -> None:
+    env = {"ASYNC_TRACKER_OVERFLOW": "block", "ASYNC_TRACKER_OVERFLOW_TIMEOUT": "2.5"}
+    options = RunOptions.from_env(env)
+    assert options.overflow == "block" and options.overflow_timeout == 2.5
+    with pytest.raises(ValueError, match="ASYNC_TRACKER_OVERFLOW='wait'"):
+        RunOptions.from_env({"ASYNC_TRACKER_OVERFLOW": "wait"})
+    with pytest.raises(ValueError, match="overflow must be one of spool, block, drop_oldest"):
+        AppRun("r", [InMemoryTracker()], overflow="drop")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="overflow_timeout"):
+        RunOptions(overflow_timeout=-1)
+
+
+def test_overflow_steps_resolve_as_the_deque_path_resolves_them() -> None:
+    rng = random.Random(7)
+    records = []
+    for i in range(2000):
+        name = rng.choice("abc")
+        step = None if rng.random() < 0.5 else rng.randrange(-5, 50)
+        records.append((name, float(i), step, float(i)))
+    expected_last: dict[str, int] = {"a": 3}
+    batch = coalesce(records, 0, expected_last)
+
+    chunk = Chunk()
+    for rec in records:
+        chunk.add(rec)
+    last: dict[str, int] = {"a": 3}
+    resolve_steps(chunk, last)
+    assert list(chunk.steps) == [p.step for p in batch.metrics]
+    assert last == expected_last
+
+    # Without any step-less point: the last step of each name still carries on.
+    chunk = Chunk()
+    for rec in [("a", 1.0, 5, 0.0), ("b", 1.0, 2, 0.0), ("a", 1.0, 1, 0.0)]:
+        chunk.add(rec)
+    last = {}
+    resolve_steps(chunk, last)
+    assert last == {"a": 1, "b": 2}
+
+
+def test_steps_beyond_int64_survive_the_overflow_and_the_spool() -> None:
+    chunk = Chunk()
+    chunk.add(("m", 1.0, 2**70, 0.0))
+    chunk.add(("m", 2.0, 3, 0.0))
+    assert chunk.others == [("m", 1.0, 2**70, 0.0)] and list(chunk.steps) == [3]
+    batch = Batch(0, metrics=[TrackerMetric("m", 1.0, 2**70, 0.0)], records=1)
+    assert decode_batch(encode_batch(batch)).metrics == batch.metrics
+
+
+def test_spool_seals_a_segment_once_it_holds_its_share_of_records(tmp_path: Path) -> None:
+    spool = Spool(tmp_path, "r", "b", segment_records=50)
+    line = encode_batch(Batch(0, metrics=[TrackerMetric("m", 1.0, 0, 0.0)] * 30, records=30))
+
+    async def main() -> list[int]:
+        for _ in range(5):
+            await spool.append([Encoded(line, 30)])
+        return [len(await spool.read(s)) for s in await spool.take()]
+
+    # 30, 60 (full: the next append starts a new segment), 30 + 30, then 30.
+    assert anyio.run(main) == [2, 2, 1]
