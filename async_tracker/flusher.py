@@ -156,20 +156,26 @@ class RunFlusher:
             self.check_memory()
 
     def held(self) -> int:
-        """Records of this run in memory: buffered, and the most any lane holds."""
-        return len(self.buffer) + max((lane.in_flight for lane in self.lanes), default=0)
+        """Records of this run in memory: buffered (the overflow too: a writer that keeps
+        it filling keeps the overload going), and the most any lane holds."""
+        lanes = max((lane.in_flight for lane in self.lanes), default=0)
+        return len(self.buffer) + len(self.overflow) + lanes
 
     def check_memory(self) -> None:
-        """Starts or ends an overload: more than ``max_buffered`` records in memory.
+        """Starts or ends an overload, which keeps the run within ``max_buffered`` records in
+        memory.
 
+        The overload starts at half the bound, not at the bound: the flusher looks every
+        50 ms (and between the batches of a cut), and a loop that does nothing but log can
+        write tens of thousands of records in between; the other half is room for them. It
+        ends at a quarter, so that a run near the threshold does not switch at every look.
         ``spool`` sends writes to the compact overflow, which goes to disk; ``block`` makes
         writers wait for room (see :meth:`_blocking_append`); ``drop_oldest`` changes
-        nothing here: cut() and the lanes drop metrics. The overload ends at half the bound,
-        so that a run near it does not switch at every tick.
+        nothing here: cut() and the lanes drop metrics at the bound itself.
         """
         limit = self.options.max_buffered
         held = self.held()
-        if not self.overloaded and held > limit:
+        if not self.overloaded and held > limit // 2:
             self.overloaded = True
             logger.info(
                 "async_tracker: run %r holds %d records (max_buffered=%d); overflow policy %s",
@@ -180,7 +186,7 @@ class RunFlusher:
             elif self.options.overflow == "block":
                 self._room.clear()
                 self._set_append(self._blocking_append)
-        elif self.overloaded and held <= limit // 2:
+        elif self.overloaded and held <= limit // 4:
             self.overloaded = False
             self._room.set()
             self._set_append(self.buffer.append)
