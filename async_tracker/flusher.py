@@ -357,6 +357,7 @@ class Flusher:
         self.loop = loop
         self.runs: set[RunFlusher] = set()
         self._tg: anyio.abc.TaskGroup | None = None
+        self._has_runs: anyio.Event | None = None  # created on the loop, by _serve
         ready = threading.Event()
         loop.submit(self._serve, ready)
         # Wait for the task group, so that add() never has to: submitted tasks then run in
@@ -367,8 +368,14 @@ class Flusher:
     async def _serve(self, ready: threading.Event) -> None:
         async with anyio.create_task_group() as tg:
             self._tg = tg
+            self._has_runs = anyio.Event()
             ready.set()
             while True:
+                if not self.runs:
+                    # No open run: sleep until add(), so that a process whose runs are all
+                    # closed pays nothing for the ticker (each tick takes the GIL).
+                    await self._has_runs.wait()
+                    self._has_runs = anyio.Event()
                 await anyio.sleep(DEFAULT_WAKE_INTERVAL_S)
                 now = time.monotonic()
                 for run in list(self.runs):
@@ -382,9 +389,10 @@ class Flusher:
         while self._tg is None:  # only when created from the loop thread itself
             await anyio.sleep(0)
         self.runs.add(run)
+        assert self._has_runs is not None
+        self._has_runs.set()
         for lane in run.lanes:
             self._tg.start_soon(lane.run, name=f"async-tracker lane {lane.name}")
-
 
 
 _flusher: Flusher | None = None
