@@ -7,11 +7,12 @@ disk is drained. A lane spills when
 
 * its backend failed past the retry budget (the batch being retried stays in memory; the
   rest go to disk),
-* it holds more than ``max_buffered`` records in memory (a stalled backend), unless the
-  run's overflow policy says otherwise: ``drop_oldest`` drops the metrics of its oldest
-  queued batches instead, ``block`` leaves it to the caller to wait,
-* the run's overflow (records accepted past ``max_buffered``, see
-  :class:`~async_tracker.buffer.Overflow`) hands it lines already encoded for the spool.
+* it holds more than ``max_buffered`` records in memory (a stalled backend), or its run is
+  overloaded (``put(batch, spill=True)``), unless the run's overflow policy says otherwise:
+  ``drop_oldest`` drops the metrics of its oldest queued batches instead, ``block`` leaves
+  it to the caller to wait,
+* the run's overflow (see :class:`~async_tracker.buffer.Overflow`) hands it lines already
+  encoded for the spool (``put_encoded``).
 
 With ``durable=True`` every batch is also written to disk before it is delivered (a
 write-ahead log): it is then delivered from memory, and its segment removed once delivered.

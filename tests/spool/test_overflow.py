@@ -39,6 +39,14 @@ def stalled_run(
     return run, backend, mem
 
 
+def overload(run: AppRun) -> None:
+    """Steps 50 to 149 on top of stalled_run's 50: 150 records held, past half the bound."""
+    for i in range(50, 150):
+        run.log_metric("m", float(i), i)
+    run.flush(0)
+    assert run.status().overloaded
+
+
 def test_spool_policy_takes_writes_past_the_bound_to_disk_and_back_in_order(
     tmp_path: Path,
 ) -> None:
@@ -82,10 +90,7 @@ def test_spool_policy_takes_writes_past_the_bound_to_disk_and_back_in_order(
 def test_block_policy_makes_the_writer_wait_for_room(tmp_path: Path) -> None:
     release = threading.Event()
     run, _, mem = stalled_run(tmp_path, release, overflow="block", overflow_timeout=60)
-    for i in range(50, 150):
-        run.log_metric("m", float(i), i)
-    run.flush(0)
-    assert run.status().overloaded
+    overload(run)
     # The lane holds its records in memory: block never spills them.
     assert run.status().backends["slow"].spooled == 0
 
@@ -108,10 +113,7 @@ def test_block_policy_makes_the_writer_wait_for_room(tmp_path: Path) -> None:
 def test_block_policy_spools_once_its_deadline_passes(tmp_path: Path) -> None:
     release = threading.Event()
     run, _, mem = stalled_run(tmp_path, release, overflow="block", overflow_timeout=0)
-    for i in range(50, 150):
-        run.log_metric("m", float(i), i)
-    run.flush(0)
-    assert run.status().overloaded
+    overload(run)
     # No room within the deadline (0 s): this write and the rest of the overload spool.
     for i in range(150, 250):
         run.log_metric("m", float(i), i)
@@ -130,9 +132,7 @@ def test_block_policy_spools_once_its_deadline_passes(tmp_path: Path) -> None:
 def test_closing_releases_a_blocked_writer_with_an_error(tmp_path: Path) -> None:
     release = threading.Event()
     run, _, _ = stalled_run(tmp_path, release, overflow="block", overflow_timeout=60)
-    for i in range(50, 150):
-        run.log_metric("m", float(i), i)
-    run.flush(0)
+    overload(run)
     errors: list[BaseException] = []
 
     def write() -> None:
