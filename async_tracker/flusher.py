@@ -104,7 +104,7 @@ class RunFlusher:
         backends: Sequence[tuple[str, AsyncTrackerBase]],
         options: RunOptions,
         owns_backends: bool,
-        set_append: Callable[[Callable[[Record], None]], None] | None = None,
+        set_append: Callable[[Callable[[Record], None]], None],
     ) -> None:
         self.run_id = run_id
         self.buffer = buffer
@@ -129,7 +129,7 @@ class RunFlusher:
         # the only cost the bound adds to the hot path, and only while it holds).
         self.overflow = Overflow()
         self.overloaded = False
-        self._set_append = set_append or (lambda _: None)
+        self._set_append = set_append
         self._room = threading.Event()  # set while not overloaded: blocked writers wait on it
         self._room.set()
         self._counts_lock = threading.Lock()  # blocked writers count from their own threads
