@@ -1,4 +1,4 @@
-"""Errors raised by async_tracker.
+"""Errors raised by async_tracker, and how a lane treats a backend's failure.
 
 The hierarchy::
 
@@ -6,14 +6,28 @@ The hierarchy::
     ├── TrackerClosedError        a write or flush after close()
     ├── TrackerConfigError        a factory, config string or config file that cannot be used
     ├── DeliveryError             close(strict=True) could not deliver everything
-    └── BackendError              raised by backends
-        ├── TransientBackendError   retried (with ConnectionError and TimeoutError)
-        └── PermanentBackendError   never retried
+    └── BackendError              raised by backends (each maps its libraries' errors here)
+        ├── TransientBackendError   may pass by itself (a server restarting, a throttled or
+        │                           timed-out request): retried with backoff
+        └── PermanentBackendError   about the backend, will not pass by retrying at once
+            │                       (permissions, read-only, disk full, auth, no bucket):
+            │                       the records are kept (spooled), retried after a cooldown
+            └── RecordError         about records of the batch (a value the backend cannot
+                                    store): the lane splits the batch to find them and drops
+                                    those records alone, counted and named in the report
 
-Retries decide by type alone: see :func:`is_transient`.
+Lanes decide by :func:`classify` alone. Anything a backend did not map (an unknown error) is
+treated as a failure of the backend: the records are kept, never dropped.
 """
 
 from __future__ import annotations
+
+import errno
+import sys
+from typing import Literal
+
+if sys.version_info < (3, 11):  # pragma: no cover - 3.10
+    from exceptiongroup import BaseExceptionGroup
 
 
 class TrackerError(Exception):
@@ -41,8 +55,16 @@ class TransientBackendError(BackendError):
 
 
 class PermanentBackendError(BackendError):
-    """A failure that will not pass by retrying (a rejected value, a missing permission)."""
+    """A failure of the backend that retrying at once will not mend (a missing permission, a
+    read-only or full store, a missing bucket). The records are kept and retried later."""
 
+
+class RecordError(PermanentBackendError):
+    """The backend refused records of the batch for good (a value it cannot store). The lane
+    splits the batch until it finds them, and drops only those."""
+
+
+Kind = Literal["transient", "backend", "record"]
 
 TRANSIENT_ERRORS: tuple[type[BaseException], ...] = (
     ConnectionError,
@@ -50,7 +72,32 @@ TRANSIENT_ERRORS: tuple[type[BaseException], ...] = (
     TransientBackendError,
 )
 
+# OSError numbers that say the store itself is unusable for now: keep the records.
+BACKEND_ERRNOS = frozenset(
+    {errno.ENOSPC, errno.EROFS, errno.EACCES, errno.EPERM, errno.EDQUOT, errno.ENOTDIR}
+)
+
+
+def classify(exc: BaseException) -> Kind:
+    """What a lane does with ``exc``: ``"transient"`` retry with backoff, ``"record"`` split
+    the batch and drop the refused records, ``"backend"`` keep the records and retry after a
+    cooldown. Exception groups are unwrapped: any failure of the backend wins, then any
+    transient one (a retry may then meet the record error alone)."""
+    if isinstance(exc, BaseExceptionGroup):
+        kinds = {classify(e) for e in exc.exceptions}
+        for kind in ("backend", "transient", "record"):
+            if kind in kinds:
+                return kind  # type: ignore[return-value]
+        return "backend"
+    if isinstance(exc, RecordError):
+        return "record"
+    if isinstance(exc, TRANSIENT_ERRORS):
+        return "transient"
+    if isinstance(exc, OSError) and exc.errno is not None and exc.errno not in BACKEND_ERRNOS:
+        return "transient"  # ECONNRESET, EIO, EAGAIN, ENOENT of a racing directory ...
+    return "backend"
+
 
 def is_transient(exc: BaseException) -> bool:
-    """True when a retry may succeed where ``exc`` was raised."""
-    return isinstance(exc, TRANSIENT_ERRORS)
+    """True when a retry may succeed at once where ``exc`` was raised."""
+    return classify(exc) == "transient"
