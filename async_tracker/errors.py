@@ -60,8 +60,16 @@ class PermanentBackendError(BackendError):
 
 
 class RecordError(PermanentBackendError):
-    """The backend refused records of the batch for good (a value it cannot store). The lane
-    splits the batch until it finds them, and drops only those."""
+    """The backend refused records of the batch for good (a value it cannot store).
+
+    By default the lane splits the batch until it finds them, and drops only those. A backend
+    that stored the rest of the batch and knows what it refused says so with ``refused`` (how
+    many records it left out): the lane then counts those as dropped and the batch as done.
+    """
+
+    def __init__(self, message: str, refused: int | None = None) -> None:
+        super().__init__(message)
+        self.refused = refused
 
 
 Kind = Literal["transient", "backend", "record"]
