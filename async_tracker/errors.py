@@ -93,10 +93,9 @@ def classify(exc: BaseException) -> Kind:
     transient one (a retry may then meet the record error alone)."""
     if isinstance(exc, BaseExceptionGroup):
         kinds = {classify(e) for e in exc.exceptions}
-        for kind in ("backend", "transient", "record"):
-            if kind in kinds:
-                return kind  # type: ignore[return-value]
-        return "backend"
+        if "transient" in kinds and "backend" not in kinds:
+            return "transient"
+        return "record" if kinds == {"record"} else "backend"
     if isinstance(exc, RecordError):
         return "record"
     if isinstance(exc, TRANSIENT_ERRORS):

@@ -63,11 +63,15 @@ class Batch:
 
     ``metadata`` is merged in call order, ``artifacts`` keeps the last write of each name,
     ``sources`` holds each (source, artifact) pair once, ``metrics`` keeps call order.
-    ``seq`` numbers the batches of one run from 0 within a process, so that backends can name
-    what they write deterministically. ``done`` holds the parts already stored: a retry skips
-    them (see :meth:`AsyncTrackerBase.write_batch`). ``names`` holds the object names a
-    backend chose at its first attempt, so that a retry overwrites instead of duplicating.
-    Each lane gets its own copy.
+
+    Every record accepted by a run has a sequence number in that run (given at ingress, in
+    call order); a batch holds the records ``first`` to ``seq``, and ``seq`` is what a lane
+    acknowledges once the batch is delivered. ``key`` is a name unique across processes and
+    sorting in write order, fixed when the batch is cut (before any write-ahead line), so that
+    backends derive deterministic object names from it: a replay overwrites, never duplicates.
+    ``done`` holds the parts already stored: a retry skips them (see
+    :meth:`AsyncTrackerBase.write_batch`). ``names`` holds object names a backend chose at
+    its first attempt. Each lane gets its own copy.
     """
 
     seq: int
@@ -78,6 +82,8 @@ class Batch:
     records: int = 0
     done: set[str] = field(default_factory=set)
     names: dict[str, str] = field(default_factory=dict)
+    first: int = 0
+    key: str = ""
 
     def for_lane(self) -> Batch:
         """A copy sharing the (read-only) data, with its own progress."""
@@ -88,6 +94,8 @@ class Batch:
             self.sources,
             self.metrics,
             self.records,
+            first=self.first,
+            key=self.key,
         )
 
     def is_empty(self) -> bool:

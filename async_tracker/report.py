@@ -26,6 +26,8 @@ class BackendStatus:
     healthy: bool
     spool_path: str | None = None
     shed: int = 0  # metrics dropped by the drop_oldest overflow policy (counted in dropped)
+    # What was dropped for good and why: records a backend refused, damaged spool lines.
+    refused: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -51,7 +53,8 @@ class FlushReport:
     by a backend as permanently invalid; ``shed`` is the part the ``drop_oldest`` overflow
     policy dropped. ``blocked_writes`` and ``blocked_s``: the writes the ``block`` overflow
     policy held back, and how long they waited in all. ``errors``: the last error of each
-    backend that has one. ``ok`` is true when everything accepted so far is delivered.
+    backend that has one. ``refused``: per backend, what was dropped for good and why.
+    ``ok`` is true when everything accepted so far is delivered.
     """
 
     delivered: int = 0
@@ -64,6 +67,7 @@ class FlushReport:
     errors: dict[str, str] = field(default_factory=dict)
     spool_paths: dict[str, str] = field(default_factory=dict)
     timed_out: bool = False
+    refused: dict[str, tuple[str, ...]] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
@@ -85,4 +89,5 @@ class FlushReport:
             },
             spool_paths={s.name: s.spool_path for s in b if s.spool_path and s.spooled},
             timed_out=timed_out,
+            refused={s.name: s.refused for s in b if s.refused},
         )

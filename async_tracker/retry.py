@@ -1,21 +1,22 @@
-"""Retries of backend writes: tenacity, exponential backoff with jitter, by error type."""
+"""Retries of backend writes: tenacity, exponential backoff with jitter, to a deadline.
+
+A lane never gives up on a batch while its run lives: a round of ``max_attempts`` tries with
+backoff, then a pause of ``cooldown_s`` (or until ``flush()``/``close()`` asks again), then
+another round. While closing, it retries until the close deadline and no further: a wait that
+would end past the deadline is not started.
+"""
 
 from __future__ import annotations
 
+import random
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-import anyio
-from tenacity import (
-    AsyncRetrying,
-    RetryCallState,
-    retry_if_exception,
-    stop_after_attempt,
-    wait_exponential,
-    wait_random,
-)
+from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, wait_exponential
+from tenacity.wait import wait_base
 
+from async_tracker.clock import Clock
 from async_tracker.errors import is_transient
 
 T = TypeVar("T")
@@ -23,12 +24,14 @@ T = TypeVar("T")
 
 @dataclass(frozen=True)
 class RetryPolicy:
-    """How a lane retries a transient failure before it parks the batch.
+    """How a lane retries a failing backend.
 
-    ``max_attempts`` counts the first try. Waits grow from ``initial_backoff_s`` doubling up
-    to ``max_backoff_s``, each plus up to ``jitter_s`` of random delay so that ranks that failed
-    together do not retry together. A parked lane tries again after ``cooldown_s``, or at the
-    next ``flush()``/``close()``.
+    ``max_attempts`` tries make a round (the first try included); waits grow from
+    ``initial_backoff_s`` doubling up to ``max_backoff_s``, each plus up to ``jitter_s`` of
+    random delay, so that ranks that failed together do not retry together. After a round
+    the lane pauses for ``cooldown_s`` (a ``flush()`` or ``close()`` ends the pause), spools
+    what waits behind the failing batch, and starts another round: it never gives up while
+    the run lives. Records are given up only at the close deadline, onto the spool.
     """
 
     max_attempts: int = 5
@@ -44,27 +47,48 @@ class RetryPolicy:
             raise ValueError("backoff, jitter and cooldown must be >= 0 seconds")
 
 
-async def retry_call(
+class _Jitter(wait_base):
+    """Up to ``most`` seconds of random delay, from the lane's own (seedable) generator."""
+
+    def __init__(self, rng: random.Random, most: float) -> None:
+        self.rng = rng
+        self.most = most
+
+    def __call__(self, retry_state: RetryCallState) -> float:
+        return self.rng.uniform(0, self.most) if self.most > 0 else 0.0
+
+
+async def write_with_retries(
     policy: RetryPolicy,
+    clock: Clock,
+    rng: random.Random,
+    deadline: Callable[[], float | None],
     on_retry: Callable[[BaseException], None],
     fn: Callable[..., Awaitable[T]],
     *args: Any,
 ) -> T:
-    """Awaits ``fn(*args)`` (a coroutine function) until it succeeds, raises a permanent
-    error, or the attempts run out (then the last error is raised). ``on_retry`` sees each
-    error that will be retried."""
+    """Awaits ``fn(*args)`` until it succeeds, raises an error that is not transient, or the
+    round ends: ``max_attempts`` tries, or, once ``deadline()`` is set (closing), whenever the
+    next wait would end past it. The last error is then raised. ``on_retry`` sees each error
+    that will be retried."""
+
+    def stop(state: RetryCallState) -> bool:
+        end = deadline()
+        if end is None:
+            return state.attempt_number >= policy.max_attempts
+        return clock.now() + (state.upcoming_sleep or 0.0) >= end
 
     def before_sleep(state: RetryCallState) -> None:
         if state.outcome is not None and (exc := state.outcome.exception()) is not None:
             on_retry(exc)
 
     retrying = AsyncRetrying(
-        stop=stop_after_attempt(policy.max_attempts),
+        stop=stop,
         wait=wait_exponential(multiplier=policy.initial_backoff_s, max=policy.max_backoff_s)
-        + wait_random(0, policy.jitter_s),
+        + _Jitter(rng, policy.jitter_s),
         retry=retry_if_exception(is_transient),
-        # anyio.sleep, not asyncio.sleep: a cancelled close() must interrupt the wait.
-        sleep=anyio.sleep,
+        # The clock's sleep: cancellable by a close() deadline, and virtual in the simulator.
+        sleep=clock.sleep,
         before_sleep=before_sleep,
         reraise=True,
     )

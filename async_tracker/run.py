@@ -36,7 +36,6 @@ import anyio.to_thread
 from async_tracker import shutdown
 from async_tracker.adapters import as_async
 from async_tracker.base import AsyncTrackerBase, TrackerBase, backend_name
-from async_tracker.buffer import ARTIFACT, METADATA, SOURCE, Buffer
 from async_tracker.errors import DeliveryError, TrackerClosedError
 from async_tracker.factory import (
     ENV_TORCHX_JOB_ID,
@@ -46,9 +45,11 @@ from async_tracker.factory import (
     factories_from_environ,
     trackers_config_from_environ,
 )
-from async_tracker.flusher import RunFlusher, get_flusher
-from async_tracker.lane import Lane
+from async_tracker.ingress import ARTIFACT, METADATA, SOURCE, Ingress, wait_for_writers
 from async_tracker.loop import get_loop
+from async_tracker.pipeline.flusher import get_flusher
+from async_tracker.pipeline.lane import Lane
+from async_tracker.pipeline.run_pipeline import RunPipeline
 from async_tracker.records import (
     Lineage,
     TrackerArtifact,
@@ -63,7 +64,7 @@ from async_tracker.records import (
 from async_tracker.report import FlushReport, TrackerStatus
 from async_tracker.retry import RetryPolicy
 from async_tracker.settings import CLOSE_SLACK_S, OverflowPolicy, RunOptions
-from async_tracker.spool import default_spool_dir, has_spool
+from async_tracker.spool import check_run_id, default_spool_dir, has_spool
 
 logger = logging.getLogger(__name__)
 
@@ -123,8 +124,10 @@ class AppRun:
         options: RunOptions | None = None,
         _backend_names: Sequence[str] | None = None,
         _owns_backends: bool = False,
+        _read_only: bool = False,
     ) -> None:
         check_name(id, "run id")
+        check_run_id(id)
         self.id = id
         self.backends: list[Backend] = list(backends)
         given = {
@@ -151,11 +154,11 @@ class AppRun:
         )
         self._owns_backends = _owns_backends
         self._clock = clock
-        self._buffer = Buffer()
+        self._ingress = Ingress()
         # Reentrant: the SIGTERM handler closes runs on the main thread, which may be holding
         # this lock at that moment (in its first write, or in close()).
         self._start_lock = threading.RLock()
-        self._flusher: RunFlusher | None = None
+        self._flusher: RunPipeline | None = None
         self._close_report: FlushReport | None = None
         # The flusher's close, once started: a second close() (another thread, the exit hook,
         # a close() after a cancelled aclose()) waits for it instead of closing again.
@@ -176,7 +179,9 @@ class AppRun:
             # Start the tracker loop now (importing anyio's backend takes tens of ms), so
             # that the first write costs what every other write costs.
             get_flusher()
-            if has_spool(self.options.spool_dir or default_spool_dir(), self.id):
+            if not _read_only and has_spool(
+                self.options.spool_dir or default_spool_dir(), self.id
+            ):
                 # An earlier process left records of this run on disk: replay them now,
                 # not at the first write, which may never come.
                 self._ensure_started()
@@ -260,24 +265,24 @@ class AppRun:
         self._ensure_started()
         self._append(record)
 
-    def _ensure_started(self) -> RunFlusher:
+    def _ensure_started(self) -> RunPipeline:
         with self._start_lock:
             if self._flusher is None:
                 if self.closed:
                     raise TrackerClosedError(f"run {self.id!r} is closed")
                 flusher = get_flusher()
-                self._flusher = RunFlusher(
+                self._flusher = RunPipeline(
                     self.id,
-                    self._buffer,
+                    self._ingress,
                     list(zip(self._names, self._async_backends)),
                     self.options,
-                    self._owns_backends,
+                    owns_backends=self._owns_backends,
                     set_append=self._set_append,
                 )
                 # Registration runs on the loop (the lanes become its tasks); we do not wait
                 # for it: records appended meanwhile simply wait in the buffer.
                 flusher.loop.submit(flusher.add, self._flusher)
-                self._append = self._buffer.append
+                self._append = self._ingress.append
                 # Held until closed: a run dropped without close() still has records to
                 # deliver, and the exit hook must find it.
                 shutdown.hold(self)
@@ -329,6 +334,15 @@ class AppRun:
         with self._start_lock:
             self.closed = True
             self._append = self._closed_append
+            pipeline = self._flusher
+        if pipeline is not None:
+            # Writers blocked by the block policy give up now; then wait until no thread is
+            # inside a write (one may have fetched the old append just before the swap), so
+            # that the final drain sees every write that returned normally.
+            pipeline.closed = True
+            pipeline._room.set()
+            if not wait_for_writers(_WRITE_CODES, min(timeout, 1.0)):
+                logger.warning("async_tracker: run %r: a writer is stuck in a write", self.id)
         shutdown.release(self)
         flusher = self._flusher
         if self._close_report is not None or flusher is None:
@@ -424,7 +438,7 @@ class AppRun:
     def _reset_after_fork(self) -> None:
         """In a forked child: forget the parent's records and flusher; start anew on the
         next write. Called by :mod:`async_tracker.shutdown`; no other thread exists yet."""
-        self._buffer.clear()
+        self._ingress.clear()
         self._flusher = None
         self._close_future = None
         self._start_lock = threading.RLock()
@@ -488,7 +502,13 @@ class AppRun:
 
     def _relative(self, run_id: str) -> AppRun:
         """Another run seen through our backends, for reading (it owns nothing)."""
-        return AppRun(run_id, self.backends, options=self.options, _backend_names=self._names)
+        return AppRun(
+            run_id,
+            self.backends,
+            options=self.options,
+            _backend_names=self._names,
+            _read_only=True,  # a read must not replay that run's spool
+        )
 
     def sources(self) -> list[AppRunTrackableSource]:
         """The runs and entities this run derives from, read from the first backend."""
@@ -520,6 +540,21 @@ class AppRun:
 
     def __repr__(self) -> str:
         return f"AppRun(id={self.id!r}, backends={self._names})"
+
+
+# The code of every write method: close() waits until no thread runs one (see ingress.py).
+_WRITE_CODES = frozenset(
+    f.__code__
+    for f in (
+        AppRun.add_metadata,
+        AppRun.add_artifact,
+        AppRun.add_source,
+        AppRun.log_metric,
+        AppRun.log_metrics,
+        AppRun._first_append,
+        RunPipeline._blocking_append,
+    )
+)
 
 
 async def _run_ids_of_parent(backend: AsyncTrackerBase, parent: str) -> list[str]:

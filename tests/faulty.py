@@ -42,6 +42,7 @@ from async_tracker import (
     Batch,
     Lineage,
     PermanentBackendError,
+    RecordError,
     TrackerArtifact,
     TrackerBase,
     TrackerMetric,
@@ -88,8 +89,34 @@ def transient(message: str = "injected transient failure") -> Raise:
 
 
 def permanent(message: str = "injected permanent failure") -> Raise:
-    """A failure the lanes never retry."""
+    """A refusal of the records for good: the lane splits the batch and drops those alone."""
+    return Raise(lambda: RecordError(message))
+
+
+def backend_down(message: str = "injected failure of the backend") -> Raise:
+    """A failure of the backend itself (permissions, disk full): records kept, retried later."""
     return Raise(lambda: PermanentBackendError(message))
+
+
+@dataclass
+class RefuseIf(Action):
+    """Raises :class:`RecordError` when the call carries an item ``bad`` picks: a metric point
+    (``add_metrics``), a metadata value (``add_metadata``) or an artifact path
+    (``add_artifact``). A backend that cannot store one value, and stores the rest."""
+
+    bad: Callable[[object], bool]
+
+    async def apply(self, call: Call) -> None:
+        if call.method == "add_metrics":
+            items: list[object] = list(call.args[1])
+        elif call.method == "add_metadata":
+            items = list(call.kwargs.values())
+        elif call.method == "add_artifact":
+            items = [call.args[2]]
+        else:
+            items = []
+        if any(self.bad(x) for x in items):
+            raise RecordError(f"{call.method}: value refused")
 
 
 @dataclass

@@ -418,18 +418,19 @@ def test_status_and_report_counters(make_run: MakeRun) -> None:
     assert report.delivered == 6 and report.pending == 0 and report.dropped == 0
     assert report.ok and report.errors == {} and not report.timed_out
 
-    run.add_artifact("model", "/m")  # refused for good by "bad"
+    run.add_artifact("model", "/m")  # refused for good by "bad": dropped alone
     run.log_metric("x", 3.0)
     report = run.flush()
-    assert report.delivered == 6 + 2 and report.dropped == 2
+    assert report.delivered == 6 + 3 and report.dropped == 1
     assert not report.ok
-    assert "PermanentBackendError" in report.errors["bad"]
+    assert "RecordError" in report.errors["bad"]
     assert "no artifacts" in report.errors["bad"]
+    assert "no artifacts" in report.refused["bad"][0]
     assert "good" not in report.errors
     status = run.status()
     good_s, bad_s = status.backends["good"], status.backends["bad"]
     assert (good_s.delivered, good_s.dropped, good_s.in_flight, good_s.buffered) == (5, 0, 0, 0)
-    assert (bad_s.delivered, bad_s.dropped, bad_s.in_flight) == (3, 2, 0)
+    assert (bad_s.delivered, bad_s.dropped, bad_s.in_flight) == (4, 1, 0)
     assert bad_s.last_error is not None and "no artifacts" in bad_s.last_error
     assert good_s.healthy and good_s.last_error is None and good_s.lag_s == 0.0
     assert good_s.retries == 0 and good_s.spooled == 0

@@ -12,7 +12,13 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from async_tracker import AppRun, RetryPolicy, TrackerSource, TransientBackendError
+from async_tracker import (
+    AppRun,
+    RetryPolicy,
+    TrackerMetric,
+    TrackerSource,
+    TransientBackendError,
+)
 from async_tracker.backend.memory import InMemoryTracker
 from tests.faulty import (
     DictTracker,
@@ -20,8 +26,9 @@ from tests.faulty import (
     Hang,
     HangingTracker,
     Raise,
+    RefuseIf,
     Slow,
-    permanent,
+    backend_down,
     transient,
 )
 
@@ -149,28 +156,48 @@ def test_close_retries_a_parked_batch(make_run: MakeRun) -> None:
     assert stored(down).runs["r"].metadata == {"a": 1}
 
 
+def test_a_refused_record_is_dropped_alone_counted_and_named(make_run: MakeRun) -> None:
+    # One value the backend cannot store: the batch is split until it stands alone.
+    picky = FaultyTracker(name="picky").always(
+        "add_metrics", RefuseIf(lambda m: isinstance(m, TrackerMetric) and m.value == 13.0)
+    )
+    run = make_run("r", [picky])
+    run.add_metadata(a=1)
+    for i in range(200):
+        run.log_metric("x", float(i), step=i)
+    report = run.flush()
+    assert report.dropped == 1 and report.pending == 0 and report.delivered == 200
+    assert not report.ok and "RecordError" in report.errors["picky"]
+    assert report.refused["picky"] and "value refused" in report.refused["picky"][0]
+    points = stored(picky).points("r", "x")
+    assert [p.step for p in points] == [i for i in range(200) if i != 13]
+    assert stored(picky).runs["r"].metadata == {"a": 1}
+    # The lane is not blocked: the next batch goes through.
+    run.add_metadata(b=2)
+    report = run.flush()
+    assert report.delivered == 201 and report.dropped == 1
+    assert stored(picky).runs["r"].metadata == {"a": 1, "b": 2}
+
+
 @pytest.mark.parametrize(
     "action",
-    [permanent("bad value"), Raise(lambda: ValueError("bad value")), Raise(lambda: KeyError("k"))],
+    [backend_down("read-only"), Raise(lambda: ValueError("bad")), Raise(lambda: KeyError("k"))],
     ids=["PermanentBackendError", "ValueError", "KeyError"],
 )
-def test_permanent_errors_are_dropped_counted_and_reported(
-    make_run: MakeRun, action: Raise
-) -> None:
+def test_a_failing_backend_keeps_the_records(make_run: MakeRun, action: Raise) -> None:
+    # A failure of the backend, or one it did not map: nothing is dropped; the records wait
+    # and go once the backend takes them.
     picky = FaultyTracker(name="picky").on("write_batch", 1, action=action)
     run = make_run("r", [picky])
     run.add_metadata(a=1)
     run.log_metric("x", 1.0)
     report = run.flush()
-    assert report.dropped == 2 and report.pending == 0 and report.delivered == 0
+    assert report.dropped == 0 and report.pending == 2 and report.delivered == 0
     assert not report.ok and "picky" in report.errors
-    assert picky.count("write_batch") == 1  # never retried
-    assert run.status().backends["picky"].retries == 0
-    # The lane is not blocked: the next batch goes through.
-    run.add_metadata(b=2)
+    assert picky.count("write_batch") == 1  # not retried at once: it ends the round
     report = run.flush()
-    assert report.delivered == 1 and report.dropped == 2
-    assert stored(picky).runs["r"].metadata == {"b": 2}
+    assert report.ok and report.delivered == 2 and report.dropped == 0
+    assert stored(picky).runs["r"].metadata == {"a": 1}
 
 
 # -- ordering -----------------------------------------------------------------------------------

@@ -15,11 +15,10 @@ import pytest
 
 from async_tracker import AppRun, TrackerClosedError
 from async_tracker.backend.memory import InMemoryTracker
-from async_tracker.buffer import Chunk
-from async_tracker.flusher import coalesce, resolve_steps
+from async_tracker.pipeline.cutter import Cutter
 from async_tracker.records import Batch, TrackerMetric
 from async_tracker.settings import RunOptions
-from async_tracker.spool import Encoded, Spool, decode_batch, encode_batch
+from async_tracker.spool.codec import decode_batch, encode_batch
 from tests.faulty import FaultyTracker, Hang
 from tests.spool.helpers import segments, wait_until
 
@@ -58,17 +57,14 @@ def test_spool_policy_takes_writes_past_the_bound_to_disk_and_back_in_order(
     run.flush(0)
     assert run.status().overloaded
 
-    # Overloaded: writes go to the compact overflow, not the deque.
-    assert run._flusher is not None
-    overflow = run._flusher.overflow
+    # Overloaded: what the lane holds behind the stuck batch goes to disk, in its place.
     for i in range(200, 300):
         run.log_metric("m", float(i), i)
         run.log_metric("auto", float(i))
     run.add_metadata(last=299)
-    assert len(overflow) == 201 and len(run._buffer) == 0
     run.flush(0)
-    assert len(overflow) == 0
-    wait_until(lambda: run.status().backends["slow"].spooled > 0)
+    wait_until(lambda: run.status().backends["slow"].spooled >= 500)
+    assert run.status().backends["slow"].in_flight <= 50 + 10
     assert segments(tmp_path)
 
     release.set()
@@ -81,10 +77,8 @@ def test_spool_policy_takes_writes_past_the_bound_to_disk_and_back_in_order(
     assert not run.status().overloaded
     assert segments(tmp_path) == []
 
-    # Back within the bound, writes take the deque again.
     run.log_metric("m", 300.0, 300)
-    assert len(run._buffer) == 1
-    run.close()
+    assert run.close().ok
 
 
 def test_block_policy_makes_the_writer_wait_for_room(tmp_path: Path) -> None:
@@ -190,50 +184,29 @@ def test_overflow_options_come_from_the_environment_and_are_checked() -> None:
         RunOptions(overflow_timeout=-1)
 
 
-def test_overflow_steps_resolve_as_the_deque_path_resolves_them() -> None:
+def test_steps_resolve_the_same_on_the_fast_and_the_mixed_path() -> None:
     rng = random.Random(7)
     records = []
     for i in range(2000):
         name = rng.choice("abc")
-        step = None if rng.random() < 0.5 else rng.randrange(-5, 50)
+        step = rng.randrange(-5, 50)
         records.append((name, float(i), step, float(i)))
-    expected_last: dict[str, int] = {"a": 3}
-    batch = coalesce(records, 0, expected_last)
-
-    chunk = Chunk()
-    for rec in records:
-        chunk.add(rec)
-    last: dict[str, int] = {"a": 3}
-    resolve_steps(chunk, last)
-    assert list(chunk.steps) == [p.step for p in batch.metrics]
-    assert last == expected_last
-
-    # Without any step-less point: the last step of each name still carries on.
-    chunk = Chunk()
-    for rec in [("a", 1.0, 5, 0.0), ("b", 1.0, 2, 0.0), ("a", 1.0, 1, 0.0)]:
-        chunk.add(rec)
-    last = {}
-    resolve_steps(chunk, last)
-    assert last == {"a": 1, "b": 2}
+    fast = Cutter("t")
+    fast.last_step = {"a": 3}
+    batch = fast.cut(records)
+    slow = Cutter("t")
+    slow.last_step = {"a": 3}
+    mixed = slow.cut([*records, ("metadata", {"k": 1})])
+    assert batch.metrics == mixed.metrics
+    assert fast.last_step == slow.last_step
+    assert (batch.first, batch.seq, mixed.seq) == (0, 1999, 2000)
+    # Step-less points continue each name's last step, across batches.
+    cutter = Cutter("t")
+    cutter.cut([("a", 1.0, 5, 0.0), ("b", 1.0, 2, 0.0)])
+    later = cutter.cut([("a", 1.0, None, 0.0), ("b", 1.0, None, 0.0), ("a", 1.0, None, 0.0)])
+    assert [p.step for p in later.metrics] == [6, 3, 7]
 
 
-def test_steps_beyond_int64_survive_the_overflow_and_the_spool() -> None:
-    chunk = Chunk()
-    chunk.add(("m", 1.0, 2**70, 0.0))
-    chunk.add(("m", 2.0, 3, 0.0))
-    assert chunk.others == [("m", 1.0, 2**70, 0.0)] and list(chunk.steps) == [3]
+def test_steps_beyond_int64_survive_the_spool() -> None:
     batch = Batch(0, metrics=[TrackerMetric("m", 1.0, 2**70, 0.0)], records=1)
     assert decode_batch(encode_batch(batch)).metrics == batch.metrics
-
-
-def test_spool_seals_a_segment_once_it_holds_its_share_of_records(tmp_path: Path) -> None:
-    spool = Spool(tmp_path, "r", "b", segment_records=50)
-    line = encode_batch(Batch(0, metrics=[TrackerMetric("m", 1.0, 0, 0.0)] * 30, records=30))
-
-    async def main() -> list[int]:
-        for _ in range(5):
-            await spool.append([Encoded(line, 30)])
-        return [len(await spool.read(s)) for s in await spool.take()]
-
-    # 30, 60 (full: the next append starts a new segment), 30 + 30, then 30.
-    assert anyio.run(main) == [2, 2, 1]

@@ -15,7 +15,8 @@ import pytest
 from async_tracker import AppRun
 from async_tracker.backend.memory import InMemoryTracker
 from async_tracker.records import Batch, TrackerMetric
-from async_tracker.spool import decode_batch, encode_batch, spooled_runs
+from async_tracker.spool import spooled_runs
+from async_tracker.spool.codec import decode_batch, encode_batch
 from async_tracker.sync import sync_spool
 from tests.faulty import FaultyTracker, FileTracker, Hang, transient
 from tests.spool.helpers import NO_WAIT, segments, wait_until
@@ -221,13 +222,15 @@ def test_damaged_segments_are_skipped_past_the_damage(
     lines[1] = lines[1].replace(b"[", b"{", 1)  # a flipped byte in the middle batch
     segment.write_bytes(b"\n".join(lines) + b'deadbeef {"torn')  # and a torn write at the end
     mem = InMemoryTracker(name="files")
-    with (
-        caplog.at_level(logging.WARNING, logger="async_tracker"),
-        AppRun("damaged", [mem], spool_dir=str(spool)) as run,
-    ):
+    with caplog.at_level(logging.WARNING, logger="async_tracker"):
+        run = AppRun("damaged", [mem], spool_dir=str(spool))
         run.flush(30)
+        report = run.close()
     assert [p.step for p in mem.points("damaged", "m")] == list(range(10)) + list(range(20, 30))
-    assert "skipped 2 damaged records" in caplog.text
+    assert "skipped 2 damaged lines" in caplog.text
+    # The lost batch is not lost silently: counted as dropped, and named.
+    assert report.delivered == 20 and report.dropped == 10
+    assert "damaged: 10 records lost" in report.refused["files"][0]
 
 
 def test_unwritable_spool_is_an_error_in_status_not_a_crash(tmp_path: Path) -> None:

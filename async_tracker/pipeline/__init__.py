@@ -1,0 +1,8 @@
+"""From a run's ingress to its backends, on the tracker loop.
+
+* :mod:`~async_tracker.pipeline.cutter`: records in call order become numbered batches.
+* :mod:`~async_tracker.pipeline.run_pipeline`: one run: cuts, the memory bound, flush, close.
+* :mod:`~async_tracker.pipeline.lane`: one backend of one run: an ordered log in memory and
+  on disk, delivered oldest first with retries, acks and supervision.
+* :mod:`~async_tracker.pipeline.flusher`: the process-wide ticker that drives every run.
+"""

@@ -1,0 +1,133 @@
+"""The cutter: records drained from the ingress, in call order, become numbered batches.
+
+Each record gets the next sequence number of its run; a batch holds consecutive records
+(``first`` to ``seq``) and gets a key unique across processes that sorts in write order.
+Inside a batch, records coalesce: metadata merged in call order (the last write of a key
+wins), an artifact name kept at its last write, a source kept once. A metric logged without a
+step gets the previous step of that metric plus one (0 for its first point).
+
+The common batch holds nothing but metrics; it is cut with C-level operations (``map``,
+``zip``, ``dict.update``) and no per-record Python loop, which is most of what the flusher
+costs a training loop that shares the GIL with it.
+"""
+
+from __future__ import annotations
+
+import functools
+import operator
+import time
+from collections.abc import Sequence
+
+from async_tracker.ingress import ARTIFACT, METADATA, Record
+from async_tracker.records import Batch, TrackerArtifact, TrackerMetric, TrackerSource
+
+_NAME = operator.itemgetter(0)
+_STEP = operator.itemgetter(2)
+# Builds a TrackerMetric from a 4-tuple without its Python __new__ (a C call per point).
+_as_metric = functools.partial(tuple.__new__, TrackerMetric)
+
+
+class Cutter:
+    """The numbering state of one run: the next sequence number, the last step of each
+    metric, and the pipeline's token (the middle part of batch keys)."""
+
+    def __init__(self, token: str) -> None:
+        self.token = token
+        self.next_seq = 0
+        self.last_step: dict[str, int] = {}
+        self._last_ns = 0
+
+    def _key(self, seq: int) -> str:
+        # Never back in time within a pipeline, even if the wall clock is set back.
+        now = max(time.time_ns(), self._last_ns + 1)
+        self._last_ns = now
+        return f"{now:019d}-{self.token}-{seq:012d}"
+
+    def cut(self, records: Sequence[Record]) -> Batch:
+        """One batch of ``records`` (taken from the ingress in call order)."""
+        first = self.next_seq
+        seq = first + len(records) - 1
+        self.next_seq = seq + 1
+        batch = Batch(seq, records=len(records), first=first, key=self._key(seq))
+        if set(map(len, records)) == {4}:
+            self._metrics_only(records, batch)
+        else:
+            self._mixed(records, batch)
+        return batch
+
+    def _metrics_only(self, records: Sequence[Record], batch: Batch) -> None:
+        steps = list(map(_STEP, records))
+        if None in steps:
+            self._mixed(records, batch)  # step-less points need the per-record loop
+            return
+        # The last step of each name is its last point's: dict.update keeps the last.
+        self.last_step.update(zip(map(_NAME, records), steps))
+        batch.metrics = list(map(_as_metric, records))
+
+    def _mixed(self, records: Sequence[Record], batch: Batch) -> None:
+        metadata = batch.metadata
+        artifacts = batch.artifacts
+        metrics = batch.metrics
+        last_step = self.last_step
+        seen_sources: set[tuple[str, str | None]] = set()
+        for rec in records:
+            if len(rec) == 4:
+                name, value, step, ts = rec
+                if step is None:
+                    step = last_step.get(name, -1) + 1
+                    rec = (name, value, step, ts)
+                last_step[name] = step
+                metrics.append(_as_metric(rec))
+                continue
+            kind, payload = rec
+            if kind is METADATA:
+                metadata.update(payload)
+            elif kind is ARTIFACT:
+                art: TrackerArtifact = payload
+                artifacts.pop(art.name, None)  # keep the order of last writes
+                artifacts[art.name] = art
+            else:
+                src: TrackerSource = payload
+                key = (src.source_run_id, src.artifact_name)
+                if key not in seen_sources:
+                    seen_sources.add(key)
+                    batch.sources.append(src)
+
+
+def items(batch: Batch) -> int:
+    """How many separately storable items a batch holds (what a split can separate)."""
+    return len(batch.metadata) + len(batch.artifacts) + len(batch.sources) + len(batch.metrics)
+
+
+def split(batch: Batch) -> list[Batch]:
+    """Two halves of a batch (by items: metadata keys, artifacts, sources, metric points), to
+    find the item a backend refuses; [] for a batch of one item. Each half keeps the batch's
+    numbers. Records are shared out in proportion to items, so that the halves add up to the
+    batch: exact for metrics (a point is a record), a share for metadata, where one call may
+    have set several keys."""
+    n = items(batch)
+    if n <= 1:
+        return []
+    cut = n // 2
+    parts: list[Batch] = []
+    for i, (lo, hi) in enumerate(((0, cut), (cut, n))):
+        part = Batch(batch.seq, first=batch.first, key=f"{batch.key}.{i}")
+        k = 0
+        for name, value in batch.metadata.items():
+            if lo <= k < hi:
+                part.metadata[name] = value
+            k += 1
+        for name, art in batch.artifacts.items():
+            if lo <= k < hi:
+                part.artifacts[name] = art
+            k += 1
+        for src in batch.sources:
+            if lo <= k < hi:
+                part.sources.append(src)
+            k += 1
+        m0 = len(batch.metadata) + len(batch.artifacts) + len(batch.sources)
+        part.metrics = batch.metrics[max(0, lo - m0) : max(0, hi - m0)]
+        parts.append(part)
+    parts[0].records = batch.records * cut // n
+    parts[1].records = batch.records - parts[0].records
+    return parts

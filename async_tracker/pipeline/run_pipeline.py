@@ -1,0 +1,293 @@
+"""The pipeline of one run, on the tracker loop: ingress -> cutter -> a lane per backend.
+
+:class:`RunPipeline` drains the run's ingress into numbered batches (when ``batch_size``
+records wait, or ``flush_interval`` passed, or a flush asks), hands each batch to every lane,
+keeps the run within ``max_buffered`` records in memory, and answers ``flush()`` and
+``close()`` with reports whose counts come from the lanes' own state, read on the loop: they
+add up exactly.
+
+Everything here runs on the tracker loop (or, in the simulator, on its loop), so the state
+needs no locks; the caller's threads only read counters (``status()``), which may be a moment
+stale but never torn. The ``block`` overflow policy is the exception: its writers wait on
+their own threads, on a ``threading.Event``.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import random
+import threading
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import anyio
+
+from async_tracker.base import AsyncTrackerBase
+from async_tracker.clock import Clock
+from async_tracker.errors import TrackerClosedError
+from async_tracker.ingress import Ingress, Record
+from async_tracker.pipeline.cutter import Cutter
+from async_tracker.pipeline.lane import Lane, describe
+from async_tracker.report import FlushReport, TrackerStatus
+from async_tracker.settings import SPOOL_GRACE_S, RunOptions
+from async_tracker.spool.io import SpoolIO, thread_io
+from async_tracker.spool.store import Spool, default_spool_dir, new_token
+
+logger = logging.getLogger(__name__)
+
+
+class RunPipeline:
+    """The loop-side state of one run: its ingress, its numbering and its lanes."""
+
+    def __init__(
+        self,
+        run_id: str,
+        ingress: Ingress,
+        backends: Sequence[tuple[str, AsyncTrackerBase]],
+        options: RunOptions,
+        *,
+        owns_backends: bool = False,
+        set_append: Callable[[Callable[[Record], None]], None] | None = None,
+        clock: Clock | None = None,
+        io: SpoolIO = thread_io,
+        token: str | None = None,
+        rng: random.Random | None = None,
+    ) -> None:
+        self.run_id = run_id
+        self.ingress = ingress
+        self.options = options
+        self.owns_backends = owns_backends
+        self.clock = clock or Clock()
+        self.token = token or new_token()
+        self.cutter = Cutter(self.token)
+        spool_dir = Path(options.spool_dir) if options.spool_dir else default_spool_dir()
+        rng = rng or random.Random()
+        self.lanes = [
+            Lane(
+                run_id,
+                name,
+                backend,
+                policy=options.retry,
+                clock=self.clock,
+                spool=Spool(spool_dir, run_id, name, io, self.token),
+                durable=options.durable,
+                memory_limit=max(1, options.max_buffered // 2)
+                if options.overflow == "spool"
+                else options.max_buffered,
+                overflow=options.overflow,
+                segment_records=max(1, options.max_buffered // 2),
+                rng=random.Random(rng.random()),
+            )
+            for name, backend in backends
+        ]
+        # While overloaded under the block policy, AppRun's hot path is swapped for
+        # _blocking_append through set_append (the only cost the bound adds to the hot path).
+        self._set_append = set_append
+        self.overloaded = False
+        self._block_expired = False
+        self._room = threading.Event()  # set while not overloaded: blocked writers wait on it
+        self._room.set()
+        self._counts_lock = threading.Lock()  # blocked writers count from their own threads
+        self.blocked_writes = 0
+        self.blocked_s = 0.0
+        self.last_cut = self.clock.now()
+        self.closed = False
+        # The scopes of the flushes (and reads) waiting for lanes: close() ends them once it
+        # has stopped the lanes, or they would wait forever for progress that cannot come.
+        self._waiting: set[anyio.CancelScope] = set()
+
+    # -- cutting --------------------------------------------------------------------------------
+    def tick(self) -> None:
+        """The flusher's look at this run: a cut if one is due, and the memory bound."""
+        now = self.clock.now()
+        n = len(self.ingress)
+        if n >= self.options.batch_size or (
+            n > 0 and now - self.last_cut >= self.options.flush_interval
+        ):
+            self.cut()
+        else:
+            self.check_memory()
+
+    def cut(self) -> None:
+        """Moves every record waiting in the ingress into batches of at most ``batch_size``,
+        handed to every lane in order."""
+        self.check_memory()
+        self.last_cut = self.clock.now()
+        pending = len(self.ingress)
+        limit = self.options.max_buffered
+        if self.options.overflow == "drop_oldest" and pending > limit:
+            self._shed(self.ingress.drain(pending - limit))
+            pending = len(self.ingress)
+        while pending > 0:
+            records = self.ingress.drain(min(pending, self.options.batch_size))
+            if not records:
+                break
+            pending -= len(records)
+            batch = self.cutter.cut(records)
+            for lane in self.lanes:
+                lane.put(batch)
+            # A long cut shares the GIL with writers that may be filling the ingress faster
+            # than it drains: look at the bound between batches, not only at ticks.
+            self.check_memory()
+
+    def _shed(self, records: list[Record]) -> None:
+        """drop_oldest, for records still in the ingress: the metrics go (their steps still
+        count, and they keep their numbers), the rest is kept."""
+        batch = self.cutter.cut(records)
+        shed = len(batch.metrics)
+        batch.metrics = []
+        batch.records -= shed
+        for lane in self.lanes:
+            if lane.takes_metrics:
+                lane.shed += shed
+                lane.dropped += shed
+            if batch.records:
+                lane.put(batch)
+
+    # -- the memory bound -----------------------------------------------------------------------
+    def held(self) -> int:
+        """Records of this run in memory: the ingress, and the most any lane holds."""
+        return len(self.ingress) + max((lane.memory for lane in self.lanes), default=0)
+
+    def check_memory(self) -> None:
+        """Starts or ends an overload, which keeps the run within ``max_buffered`` records in
+        memory. It starts at half the bound: the flusher looks every 50 ms, and a loop that
+        does nothing but log writes tens of thousands of records in between; the other half
+        is room for them. It ends at a quarter, so that a run near the threshold does not
+        switch at every look. ``spool`` has the lanes write what they hold to disk;
+        ``block`` makes writers wait for room; ``drop_oldest`` sheds at the bound itself."""
+        limit = self.options.max_buffered
+        held = self.held()
+        if not self.overloaded and held > limit // 2:
+            self.overloaded = True
+            logger.info(
+                "async_tracker: run %r holds %d records (max_buffered=%d); overflow policy %s",
+                self.run_id, held, limit, self.options.overflow,
+            )
+            if self.options.overflow == "block" and self._set_append is not None:
+                self._block_expired = False
+                self._room.clear()
+                self._set_append(self._blocking_append)
+        elif self.overloaded and held <= limit // 4:
+            self.overloaded = False
+            if not self._room.is_set():
+                self._room.set()
+                if self._set_append is not None:
+                    self._set_append(self.ingress.append)
+        # While overloaded, lanes keep what they hold on disk: always under spool, and under
+        # block once a writer's wait ran out (the writes then go on without waiting).
+        spill = self.overloaded and (
+            self.options.overflow == "spool" or self._block_expired
+        )
+        for lane in self.lanes:
+            lane.set_overloaded(spill)
+
+    def _blocking_append(self, record: Record) -> None:
+        """The ``block`` policy's write, on the caller's thread: waits until the run is back
+        within its bound, at most ``overflow_timeout`` per overload; after that the writes
+        go on without waiting (and the lanes spool) until the overload ends."""
+        start = time.monotonic()
+        room = self._room.wait(self.options.overflow_timeout)
+        if self.closed:
+            raise TrackerClosedError(f"run {self.run_id!r} closed while this write waited")
+        self.ingress.append(record)  # one append: the write is atomic, as on the hot path
+        if not room and self._set_append is not None:
+            self._block_expired = True  # the loop has the lanes spool at its next look
+            self._set_append(self.ingress.append)
+        with self._counts_lock:
+            self.blocked_writes += 1
+            self.blocked_s += time.monotonic() - start
+
+    # -- flush and close ------------------------------------------------------------------------
+    async def flush(
+        self, timeout: float | None = None, lanes: Sequence[Lane] | None = None
+    ) -> FlushReport:
+        """Cuts what waits and waits until each lane has delivered it, or ended a failed
+        round (then the report says what is pending and why), or ``timeout`` passed."""
+        self.cut()
+        target = self.cutter.next_seq - 1
+        chosen = self.lanes if lanes is None else lanes
+        end = math.inf if timeout is None else self.clock.now() + timeout
+        with self.clock.deadline(end) as scope:
+            self._waiting.add(scope)
+            try:
+                marks = []
+                for lane in chosen:
+                    lane.kick()
+                    marks.append(lane.parks)
+                for lane, parks in zip(chosen, marks):
+                    while not lane.settled(target, parks):
+                        await lane.wait_progress()
+            finally:
+                self._waiting.discard(scope)
+        self.check_memory()  # so that status() after a flush tells the overload as it is now
+        return self.report(timed_out=scope.cancelled_caught)
+
+    async def close(self, timeout: float) -> FlushReport:
+        """Delivers what it can until ``timeout``, then stops the lanes whatever they do and
+        spools what they still hold in memory. The ingress was sealed by the caller."""
+        deadline = self.clock.now() + timeout
+        self.closed = True
+        self._room.set()  # writers blocked by the block policy give up now
+        try:
+            return await self._close(deadline)
+        finally:
+            for scope in list(self._waiting):
+                scope.cancel()
+
+    async def _close(self, deadline: float) -> FlushReport:
+        self.cut()
+        for lane in self.lanes:
+            lane.begin_close(deadline)
+        with self.clock.deadline(deadline) as scope:
+            for lane in self.lanes:
+                while not lane.drained() and lane.failure is None:
+                    await lane.wait_progress()
+        for lane in self.lanes:
+            lane.stop()
+        # Shielded and bounded: the records must reach the disk even if this close() is
+        # itself cancelled, but a stuck disk must not hold the caller past its deadline.
+        grace = max(self.clock.now(), deadline) + SPOOL_GRACE_S
+        with self.clock.deadline(grace, shield=True):
+            for lane in self.lanes:
+                await lane.spool_leftovers()
+        with self.clock.deadline(grace, shield=True):
+            for lane in self.lanes:
+                try:
+                    await lane.release()
+                except OSError as exc:
+                    logger.warning("async_tracker: releasing the spool of %s: %s", lane.name, exc)
+        report = self.report(timed_out=scope.cancelled_caught)
+        if self.owns_backends:
+            # Shielded: a backend left half-closed (an MLflow run left RUNNING) is worse than
+            # waiting out the rest of our deadline.
+            end = max(self.clock.now() + SPOOL_GRACE_S, deadline)
+            with self.clock.deadline(end, shield=True):
+                async with anyio.create_task_group() as tg:
+                    for lane in self.lanes:
+                        tg.start_soon(_aclose_quietly, lane)
+        return report
+
+    def report(self, timed_out: bool = False) -> FlushReport:
+        return FlushReport.from_status(self.status(), timed_out=timed_out)
+
+    def status(self) -> TrackerStatus:
+        buffered = len(self.ingress)
+        return TrackerStatus(
+            run_id=self.run_id,
+            closed=self.closed,
+            backends={lane.name: lane.status(buffered) for lane in self.lanes},
+            overloaded=self.overloaded,
+            blocked_writes=self.blocked_writes,
+            blocked_s=self.blocked_s,
+        )
+
+
+async def _aclose_quietly(lane: Lane) -> None:
+    try:
+        await lane.backend.aclose()
+    except Exception as exc:
+        lane.last_error = describe(exc)
+        logger.warning("async_tracker: closing backend %s failed: %s", lane.name, lane.last_error)

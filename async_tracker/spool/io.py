@@ -1,0 +1,102 @@
+"""Where spool file I/O runs: one daemon thread per process, started before it is needed.
+
+Every spool call (write a segment, read one, persist an ack, list a directory) is a plain,
+blocking file operation handed to this thread; the tracker loop awaits its future. One
+mechanism, chosen over aiofiles on the tracker loop because of the exit path: Python 3.12
+refuses to start threads at interpreter shutdown, which is exactly when ``close()`` may have
+to spool, and aiofiles (like asyncio's default executor, and ``ThreadPoolExecutor``, which
+refuses work once shutdown has begun) starts its threads on demand. This thread is started
+with the tracker loop, so the exit path only hands it work. It is a daemon: a disk that hangs
+must not keep the process alive, and every wait on it is bounded by the caller's deadline.
+
+:class:`InlineIO` runs the same calls on the loop's own thread, for the simulator, where
+determinism matters more than a blocked loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import os
+import queue
+import threading
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import anyio.lowlevel
+
+T = TypeVar("T")
+
+THREAD_NAME = "async-tracker-spool"
+
+
+class SpoolIO(ABC):
+    """Runs blocking file operations for the spool; ``await io.run(fn, *args)``."""
+
+    @abstractmethod
+    async def run(self, fn: Callable[..., T], *args: Any) -> T: ...
+
+    def start(self) -> None:  # noqa: B027 - optional
+        """Makes sure the worker exists (no-op where there is none)."""
+
+
+class ThreadIO(SpoolIO):
+    """The process's spool thread. A forked child starts its own on first use."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._queue: queue.SimpleQueue[
+            tuple[Callable[..., Any], tuple[Any, ...], concurrent.futures.Future[Any]]
+        ] = queue.SimpleQueue()
+        self._pid = 0
+
+    def start(self) -> None:
+        if self._pid == os.getpid():
+            return
+        with self._lock:
+            if self._pid != os.getpid():
+                # A fork copies the queue but not the thread: start afresh in the child.
+                self._queue = queue.SimpleQueue()
+                threading.Thread(
+                    target=self._serve, args=(self._queue,), name=THREAD_NAME, daemon=True
+                ).start()
+                self._pid = os.getpid()
+
+    @staticmethod
+    def _serve(
+        jobs: queue.SimpleQueue[
+            tuple[Callable[..., Any], tuple[Any, ...], concurrent.futures.Future[Any]]
+        ],
+    ) -> None:
+        while True:
+            fn, args, future = jobs.get()
+            # A job whose waiter gave up (a close() deadline) before it started is skipped.
+            if not future.set_running_or_notify_cancel():
+                continue
+            try:
+                future.set_result(fn(*args))
+            except BaseException as exc:
+                future.set_exception(exc)
+
+    def submit(self, fn: Callable[..., T], *args: Any) -> concurrent.futures.Future[T]:
+        self.start()
+        future: concurrent.futures.Future[T] = concurrent.futures.Future()
+        self._queue.put((fn, args, future))
+        return future
+
+    async def run(self, fn: Callable[..., T], *args: Any) -> T:
+        # The tracker loop is asyncio (anyio's asyncio backend): wrap_future wakes it through
+        # call_soon_threadsafe, and cancelling the await cancels a job not yet started.
+        return await asyncio.wrap_future(self.submit(fn, *args))
+
+
+class InlineIO(SpoolIO):
+    """Runs each call at once on the calling (loop) thread, after a checkpoint."""
+
+    async def run(self, fn: Callable[..., T], *args: Any) -> T:
+        await anyio.lowlevel.checkpoint()
+        return fn(*args)
+
+
+thread_io = ThreadIO()

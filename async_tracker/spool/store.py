@@ -1,0 +1,309 @@
+"""The spool files of one (run, backend): segments, acks, locks and quarantine.
+
+Layout: ``<spool_dir>/<base32(run_id)>/<backend name>/``, holding
+
+* ``<token>-<first>-<seq>-<records>-<n>.seg``: a segment, written once (a temporary name,
+  then a rename: never torn), holding consecutive batches of one pipeline, one per line
+  (:mod:`async_tracker.spool.codec`). ``first`` and ``seq`` are the sequence numbers of its
+  first and last record, ``records`` how many records it holds, ``n`` counts the pipeline's
+  writes. Tokens start with the time their pipeline started: pipelines replay oldest first,
+  and each one's segments in the order of ``first`` (call order).
+* ``<token>.ack``: the pipeline's high-water mark, the ``seq`` of the last batch delivered
+  from disk (written to a temporary name, then renamed). A replay skips batches at or below
+  it; only segments wholly at or below it are deleted.
+* ``<token>.lock``: held while the pipeline lives (:mod:`async_tracker.spool.owner`).
+* ``quarantine/``: files found here that are not ours (or that cannot be read), moved aside
+  with a warning instead of stopping anything.
+
+Every file operation runs through :mod:`async_tracker.spool.io`.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import time
+from base64 import b32decode, b32encode
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from async_tracker.records import Batch
+from async_tracker.spool.codec import encode_batch, read_segment_bytes
+from async_tracker.spool.io import SpoolIO
+from async_tracker.spool.owner import locks
+
+logger = logging.getLogger(__name__)
+
+SEGMENT_SUFFIX = ".seg"
+QUARANTINE = "quarantine"
+ENV_SPOOL_DIR = "ASYNC_TRACKER_SPOOL_DIR"
+# A run directory is named by the base32 of the id, and file names are limited to 255 bytes.
+MAX_RUN_ID_BYTES = 155
+
+_TOKEN = r"(?P<token>\d{19}x[0-9a-f]+)"
+_SEGMENT = re.compile(
+    rf"^{_TOKEN}-(?P<first>\d+)-(?P<seq>\d+)-(?P<records>\d+)-(?P<n>\d+)\.seg$"
+)
+_ACK = re.compile(rf"^{_TOKEN}\.ack$")
+_LOCK = re.compile(rf"^{_TOKEN}\.lock$")
+_TMP = re.compile(rf"^\.{_TOKEN}\..*\.tmp$")
+
+
+def default_spool_dir() -> Path:
+    """``$ASYNC_TRACKER_SPOOL_DIR``, else ``$XDG_CACHE_HOME/async_tracker/spool``, else
+    ``~/.cache/async_tracker/spool``."""
+    if os.environ.get(ENV_SPOOL_DIR):
+        return Path(os.environ[ENV_SPOOL_DIR])
+    cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(cache) / "async_tracker" / "spool"
+
+
+def backend_dir_name(backend: str) -> str:
+    """A file-system-safe, stable directory name for a backend name."""
+    safe = re.sub(r"[^A-Za-z0-9_.-]", "_", backend)[:100]
+    return safe if safe.strip(".") else "_"
+
+
+def run_dir_name(run_id: str) -> str:
+    return b32encode(run_id.encode("utf-8")).decode("ascii")
+
+
+def check_run_id(run_id: str) -> None:
+    """ValueError naming the id if the spool (and torchx's layout) cannot store it."""
+    if "\x00" in run_id:
+        raise ValueError(f"run id {run_id!r} holds a NUL character")
+    try:
+        size = len(run_id.encode("utf-8"))
+    except UnicodeEncodeError as exc:
+        raise ValueError(f"run id {run_id!r} is not valid text: {exc.reason}") from None
+    if size > MAX_RUN_ID_BYTES:
+        raise ValueError(
+            f"run id {run_id[:40]!r}... is {size} bytes long; at most {MAX_RUN_ID_BYTES} fit a "
+            "directory name"
+        )
+
+
+def new_token(now_ns: int | None = None) -> str:
+    """A pipeline's token: its start time (so that names sort oldest pipeline first), then
+    the pid and random bits (unique across processes and hosts)."""
+    stamp = time.time_ns() if now_ns is None else now_ns
+    return f"{stamp:019d}x{os.getpid():x}{os.urandom(4).hex()}"
+
+
+@dataclass(frozen=True)
+class Segment:
+    """A segment file, described by its name."""
+
+    path: Path
+    token: str
+    first: int
+    seq: int
+    records: int
+    n: int = 0
+
+    def order(self) -> tuple[int, int, int]:
+        return (self.first, self.seq, self.n)
+
+
+def parse_segment(path: Path) -> Segment | None:
+    m = _SEGMENT.match(path.name)
+    if m is None:
+        return None
+    return Segment(
+        path, m["token"], int(m["first"]), int(m["seq"]), int(m["records"]), int(m["n"])
+    )
+
+
+@dataclass
+class Adopted:
+    """What a dead pipeline left: its segments (in order) and its ack."""
+
+    token: str
+    segments: list[Segment]
+    ack: int
+
+
+class Spool:
+    """The spool of one (run, backend) for one pipeline, which owns ``token``."""
+
+    def __init__(
+        self, spool_dir: Path, run_id: str, backend: str, io: SpoolIO, token: str
+    ) -> None:
+        self.dir = Path(spool_dir) / run_dir_name(run_id) / backend_dir_name(backend)
+        self.io = io
+        self.token = token
+        self._lock_path = self.dir / f"{token}.lock"
+        self._writes = 0
+
+    @property
+    def path(self) -> str:
+        return str(self.dir)
+
+    # -- writing --------------------------------------------------------------------------------
+    async def write(self, batches: Sequence[Batch]) -> Segment:
+        """A new segment holding ``batches`` (consecutive, in order)."""
+        data = b"".join(encode_batch(b) for b in batches)  # on the loop: batches are its
+        first, seq = batches[0].first, batches[-1].seq
+        records = sum(b.records for b in batches)
+        self._writes += 1
+        name = f"{self.token}-{first}-{seq}-{records}-{self._writes}{SEGMENT_SUFFIX}"
+        segment = Segment(self.dir / name, self.token, first, seq, records, self._writes)
+        await self.io.run(self._write_file, segment.path, data)
+        return segment
+
+    def _write_file(self, path: Path, data: bytes) -> None:
+        self.dir.mkdir(parents=True, exist_ok=True)
+        locks.take(self._lock_path)  # ours from the first write on
+        tmp = self.dir / f".{self.token}.{path.name}.tmp"
+        # No fsync: the page cache survives a SIGKILL of this process, which is the crash the
+        # spool is for; surviving a power loss would cost a disk flush per batch.
+        with open(tmp, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+
+    async def ack(self, token: str, seq: int) -> None:
+        """Persists ``token``'s high-water mark."""
+        await self.io.run(self._write_ack, token, seq)
+
+    def _write_ack(self, token: str, seq: int) -> None:
+        tmp = self.dir / f".{token}.ack.tmp"
+        tmp.write_text(str(seq))
+        os.replace(tmp, self.dir / f"{token}.ack")
+
+    async def remove(self, segment: Segment) -> None:
+        await self.io.run(_unlink, segment.path)
+
+    async def forget(self, token: str) -> None:
+        """Removes what is left of ``token`` once all its segments are gone: its ack and its
+        lock file (ours at a clean close, or a dead pipeline's after its replay)."""
+        await self.io.run(self._forget, token)
+
+    def _forget(self, token: str) -> None:
+        if not any(self.dir.glob(f"{token}-*{SEGMENT_SUFFIX}")):
+            _unlink(self.dir / f"{token}.ack")
+        locks.drop(self.dir / f"{token}.lock")
+
+    # -- reading --------------------------------------------------------------------------------
+    async def read(self, segment: Segment) -> tuple[list[Batch | None], int] | None:
+        """The lines of a segment as batches (None for a damaged line) and how many were
+        damaged; None if the file cannot be read at all (it is then moved to quarantine)."""
+        try:
+            data = await self.io.run(segment.path.read_bytes)
+        except FileNotFoundError:
+            logger.warning("async_tracker: spool segment %s vanished", segment.path)
+            return None
+        except OSError as exc:
+            logger.warning("async_tracker: cannot read spool segment %s: %s", segment.path, exc)
+            await self.io.run(self._quarantine, segment.path)
+            return None
+        batches, damaged = read_segment_bytes(data)
+        if damaged == len(batches):
+            # Not one readable line: not ours (or ruined); keep it aside for a person to see.
+            await self.io.run(self._quarantine, segment.path)
+            return None
+        if damaged:
+            logger.warning(
+                "async_tracker: spool segment %s: skipped %d damaged lines of %d",
+                segment.path, damaged, len(batches),
+            )
+        return batches, damaged
+
+    async def adopt(self) -> list[Adopted]:
+        """Takes over what dead pipelines left here, oldest first; moves foreign files to
+        quarantine and removes dead pipelines' unfinished temporary files."""
+        return await self.io.run(self._adopt)
+
+    def _adopt(self) -> list[Adopted]:
+        try:
+            entries = sorted(os.listdir(self.dir))
+        except (FileNotFoundError, NotADirectoryError):
+            return []
+        segments: dict[str, list[Segment]] = {}
+        tokens: set[str] = set()
+        for name in entries:
+            path = self.dir / name
+            if name == QUARANTINE:
+                continue
+            if (seg := parse_segment(path)) is not None and path.is_file():
+                segments.setdefault(seg.token, []).append(seg)
+                tokens.add(seg.token)
+            elif (m := _ACK.match(name) or _LOCK.match(name) or _TMP.match(name)) is not None:
+                tokens.add(m["token"])
+            else:
+                self._quarantine(path)
+        adopted: list[Adopted] = []
+        for token in sorted(tokens):
+            if token == self.token or not locks.take(self.dir / f"{token}.lock"):
+                continue  # ours, or a live pipeline's (another rank, another run object)
+            for tmp in self.dir.glob(f".{token}.*.tmp"):
+                _unlink(tmp)  # a write the dead pipeline never finished
+            ack = self._read_ack(token)
+            mine = sorted(segments.get(token, []), key=Segment.order)
+            done = [s for s in mine if s.seq <= ack]
+            for s in done:
+                _unlink(s.path)
+            left = [s for s in mine if s.seq > ack]
+            if left:
+                adopted.append(Adopted(token, left, ack))
+            else:
+                self._forget(token)
+        return adopted
+
+    def _read_ack(self, token: str) -> int:
+        path = self.dir / f"{token}.ack"
+        try:
+            return int(path.read_text().strip())
+        except FileNotFoundError:
+            return -1
+        except (OSError, ValueError):
+            # Unreadable: replay everything of that token (a duplicate at worst, never a loss).
+            self._quarantine(path)
+            return -1
+
+    def _quarantine(self, path: Path) -> None:
+        target_dir = self.dir / QUARANTINE
+        try:
+            target_dir.mkdir(exist_ok=True)
+            target = target_dir / f"{time.time_ns()}-{path.name}"
+            os.replace(path, target)
+        except OSError as exc:
+            logger.warning("async_tracker: cannot move %s aside: %s", path, exc)
+            return
+        logger.warning(
+            "async_tracker: spool: %s is not a readable spool file; moved to %s", path, target
+        )
+
+
+def _unlink(path: Path) -> None:
+    path.unlink(missing_ok=True)
+
+
+def has_spool(spool_dir: str | Path, run_id: str) -> bool:
+    """Whether segments of this run wait in the spool (a cheap check, no lock)."""
+    run_dir = Path(spool_dir) / run_dir_name(run_id)
+    try:
+        return any(run_dir.glob(f"*/*{SEGMENT_SUFFIX}"))
+    except OSError:
+        return False
+
+
+def spooled_runs(spool_dir: Path) -> list[tuple[str, str, Path]]:
+    """``(run_id, backend_dir, path)`` of every (run, backend) directory holding segments;
+    anything else under ``spool_dir`` is skipped."""
+    out: list[tuple[str, str, Path]] = []
+    try:
+        run_dirs = sorted(p for p in spool_dir.iterdir() if p.is_dir())
+    except OSError:
+        return out
+    for run_dir in run_dirs:
+        try:
+            run_id = b32decode(run_dir.name).decode("utf-8")
+            backend_dirs = sorted(p for p in run_dir.iterdir() if p.is_dir())
+        except (ValueError, OSError):
+            continue
+        for backend_dir in backend_dirs:
+            if any(parse_segment(p) for p in backend_dir.iterdir()):
+                out.append((run_id, backend_dir.name, backend_dir))
+    return out

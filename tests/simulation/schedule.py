@@ -1,0 +1,140 @@
+"""Schedules: what happens to the world, step by step, drawn from seeds.
+
+A schedule is a list of integers, one per step; each seeds the draw of its step (what it does
+and with what). Hypothesis shrinks such a list by dropping and lowering its integers, which
+gives short failing schedules; a seed gives the list itself, for a one-line replay.
+"""
+
+from __future__ import annotations
+
+import errno
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import anyio
+
+from tests.simulation.world import BACKENDS, FAULTS, RUNS, World
+
+STEP_KINDS = (
+    ["write"] * 40
+    + ["tick"] * 8
+    + ["flush"] * 8
+    + ["advance"] * 10
+    + ["fault"] * 10
+    + ["heal"] * 5
+    + ["spool_fault"] * 3
+    + ["foreign"] * 2
+    + ["crash"] * 3
+    + ["close"] * 3
+    + ["close_while_flushing"] * 2
+)
+
+
+@dataclass(frozen=True)
+class Step:
+    kind: str
+    run: str
+    a: int
+    b: float
+    c: str
+
+    @classmethod
+    def draw(cls, x: int) -> Step:
+        r = random.Random(x)
+        kind = r.choice(STEP_KINDS)
+        return cls(
+            kind,
+            r.choice(RUNS),
+            r.randrange(0, 40),
+            round(r.uniform(0.0, 8.0), 3),
+            r.choice(
+                {"write": ["metric"] * 8 + ["metadata", "poison"],
+                 "fault": list(FAULTS),
+                 "flush": ["0", "timeout", "none"],
+                 "spool_fault": ["ENOSPC", "EROFS"],
+                 "foreign": ["file", "segment", "dir"]}.get(kind, [""])
+            ),
+        )
+
+
+def schedule_of_seed(seed: int, length: int = 60) -> list[int]:
+    r = random.Random(seed)
+    return [r.getrandbits(32) for _ in range(length)]
+
+
+async def apply(world: World, step: Step) -> None:
+    run = step.run
+    backend = world.backends[BACKENDS[step.a % len(BACKENDS)]]
+    if step.kind == "write":
+        world.write(run, step.a % 3, 1 if step.c == "poison" else 1 + step.a, step.c)
+    elif step.kind == "tick":
+        world.runs[run].pipeline.tick()
+    elif step.kind == "flush":
+        hung = any("hang" in b.faults or b.hung for b in world.backends.values())
+        if step.c == "none" and hung:
+            return  # flush() without a timeout waits for a hung backend: by contract
+        timeout = {"0": 0.0, "timeout": step.b, "none": None}[step.c]
+        await world.runs[run].pipeline.flush(timeout)
+    elif step.kind == "advance":
+        await world.clock.sleep(step.b)
+    elif step.kind == "fault":
+        backend.faults.extend([step.c] * (1 + step.a % 4))
+    elif step.kind == "heal":
+        backend.heal()
+    elif step.kind == "spool_fault":
+        world.io.fail_writes = 1 + step.a % 3
+        world.io.errno_ = {"ENOSPC": errno.ENOSPC, "EROFS": errno.EROFS}[step.c]
+    elif step.kind == "foreign":
+        lane = world.runs[run].pipeline.lanes[step.a % len(BACKENDS)]
+        directory = Path(lane.spool.path)
+        directory.mkdir(parents=True, exist_ok=True)
+        if step.c == "file":
+            (directory / f"stray-{step.a}.txt").write_text("not ours")
+        elif step.c == "segment":
+            (directory / f"0000000000000000001x1-0-5-9-{step.a}.seg").write_bytes(b"garbage\n")
+        else:
+            (directory / f"junk{step.a}").mkdir(exist_ok=True)
+            (directory.parent / f"stray{step.a}").write_text("in the run directory")
+    elif step.kind == "crash":
+        world.crash(run)
+    elif step.kind == "close":
+        await world.close(run, step.b)
+    elif step.kind == "close_while_flushing":
+        pipeline = world.runs[run].pipeline
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(pipeline.flush, None)
+            await world.clock.sleep(step.b / 4)
+            await world.close(run, step.b)
+
+
+async def run_schedule(
+    seed: int, schedule: Sequence[int], spool_dir: Path, durable: bool
+) -> World:
+    """Runs a schedule, checking after every step; then heals everything, replays the spool
+    in a new life of each run, and checks what every backend ended with."""
+    async with anyio.create_task_group() as tg:
+        world = World(seed, spool_dir, durable, tg)
+        tg.start_soon(world.clock.drive)
+        for i, x in enumerate(schedule):
+            step = Step.draw(x)
+            world.log.append(f"{i}: {step}")
+            await apply(world, step)
+            world.check()
+        # The end of the story: backends and disk healthy, every run closed, then started
+        # again to replay what was spooled, and closed with time to deliver everything.
+        world.io.fail_writes = 0
+        for backend in world.backends.values():
+            backend.heal()
+        for run in RUNS:
+            await world.close(run, 60.0)
+            await world.runs[run].pipeline.flush(60.0)
+            world.check()
+        for run in RUNS:
+            inc = world.runs[run]
+            await inc.pipeline.close(60.0)
+            inc.scope.cancel()
+        world.check_final()
+        tg.cancel_scope.cancel()
+    return world

@@ -1,0 +1,398 @@
+"""The simulated world: runs, backends, a spool and a clock, driven by a schedule of steps.
+
+Everything runs on one event loop with a :class:`~async_tracker.clock.VirtualClock` and the
+spool's I/O inline, so a schedule runs the same way every time and time costs nothing. The
+pipeline under test is the real one (:class:`RunPipeline`, its lanes, the spool on a real
+temporary directory); only the backends and the clock are ours.
+
+A :class:`Model` knows what every run accepted, in call order, and what must survive each
+crash; :meth:`World.check` compares the system with it after every step.
+"""
+
+from __future__ import annotations
+
+import errno
+import random
+import sys
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import anyio
+import anyio.abc
+
+from async_tracker.base import AsyncTrackerBase
+from async_tracker.clock import VirtualClock
+from async_tracker.errors import PermanentBackendError, RecordError
+from async_tracker.ingress import METADATA, Ingress
+from async_tracker.pipeline.run_pipeline import RunPipeline
+from async_tracker.records import Batch, Lineage, TrackerArtifact, TrackerMetric, TrackerSource
+from async_tracker.retry import RetryPolicy
+from async_tracker.settings import SPOOL_GRACE_S, RunOptions
+from async_tracker.spool.io import InlineIO
+from async_tracker.spool.owner import locks
+from async_tracker.spool.store import new_token, run_dir_name
+
+if sys.version_info < (3, 11):  # pragma: no cover
+    from exceptiongroup import ExceptionGroup
+
+RUNS = ("a", "b")
+BACKENDS = ("idem", "raw")
+FAULTS = ("transient", "backend", "unknown", "group", "partial", "slow", "hang")
+
+# Quick retries: the clock is virtual, but fewer rounds keep schedules short.
+POLICY = RetryPolicy(
+    max_attempts=3, initial_backoff_s=0.05, max_backoff_s=1.0, jitter_s=0.05, cooldown_s=2.0
+)
+
+
+def uid(name: str, step: int) -> str:
+    return f"{name}@{step}"
+
+
+class SimBackend(AsyncTrackerBase):
+    """An async backend that stores what it is sent and misbehaves when told to.
+
+    ``arrivals`` keeps every metric point as it arrived (duplicates included); ``store`` is
+    what an idempotent backend keeps (a point once). Faults apply to the next calls of
+    ``write_batch``, one fault per call.
+    """
+
+    def __init__(self, name: str, clock: VirtualClock, rng: random.Random) -> None:
+        self.name = name
+        self.clock = clock
+        self.rng = rng
+        self.faults: list[str] = []
+        self.poison: set[tuple[str, str]] = set()  # (run, point) refused for good
+        self.arrivals: dict[str, list[tuple[str, str]]] = {}  # run -> [(uid, batch key)]
+        self.metadata: dict[str, dict[str, object]] = {}
+        self.tainted: set[str] = set()  # batch keys written in part before a failure
+        self.release = anyio.Event()
+        self.hung = 0
+
+    async def write_batch(self, run_id: str, batch: Batch) -> None:
+        fault = self.faults.pop(0) if self.faults else None
+        if fault == "slow":
+            await self.clock.sleep(self.rng.uniform(0.01, 3.0))
+        elif fault == "hang":
+            self.hung += 1
+            try:
+                await self.release.wait()
+            finally:
+                self.hung -= 1
+        elif fault == "transient":
+            raise ConnectionError("simulated outage")
+        elif fault == "backend":
+            raise PermanentBackendError("simulated: read-only store")
+        elif fault == "unknown":
+            raise self.rng.choice([ValueError("simulated bug"), KeyError("simulated")])
+        elif fault == "group":
+            raise ExceptionGroup("simulated", [ConnectionError("a"), TimeoutError("b")])
+        refused = [m for m in batch.metrics if (run_id, uid(m.name, m.step)) in self.poison]
+        if refused:
+            raise RecordError(f"simulated: cannot store {refused[0].name}@{refused[0].step}")
+        metrics = batch.metrics
+        if fault == "partial" and len(metrics) > 1:
+            self.tainted.add(batch.key.split(".")[0])
+            self._store(run_id, batch, metrics[: len(metrics) // 2], metadata=False)
+            raise ConnectionError("simulated: connection lost mid-batch")
+        self._store(run_id, batch, metrics, metadata=True)
+
+    def _store(
+        self, run_id: str, batch: Batch, metrics: Sequence[TrackerMetric], metadata: bool
+    ) -> None:
+        key = batch.key.split(".")[0]
+        self.arrivals.setdefault(run_id, []).extend((uid(m.name, m.step), key) for m in metrics)
+        if metadata:
+            self.metadata.setdefault(run_id, {}).update(batch.metadata)
+
+    def heal(self) -> None:
+        self.faults.clear()
+        self.release.set()
+        self.release = anyio.Event()
+
+    # The rest of the interface: not used by the pipeline's writes.
+    async def add_artifact(
+        self, run_id: str, name: str, path: str, metadata: Mapping[str, object] | None = None
+    ) -> None:
+        raise AssertionError("write_batch is the only write")
+
+    async def artifacts(self, run_id: str) -> Mapping[str, TrackerArtifact]:
+        return {}
+
+    async def add_metadata(self, run_id: str, **kwargs: object) -> None:
+        raise AssertionError("write_batch is the only write")
+
+    async def metadata(self, run_id: str) -> Mapping[str, object]:  # type: ignore[override]
+        return dict(self.metadata.get(run_id, {}))
+
+    async def add_source(
+        self, run_id: str, source_id: str, artifact_name: str | None = None
+    ) -> None:
+        raise AssertionError("write_batch is the only write")
+
+    async def sources(
+        self, run_id: str, artifact_name: str | None = None
+    ) -> Iterable[TrackerSource]:
+        return []
+
+    async def lineage(self, run_id: str) -> Lineage:
+        return Lineage(run_id)
+
+    async def run_ids(self, **kwargs: str) -> Iterable[str]:
+        return list(self.arrivals)
+
+    async def add_metrics(self, run_id: str, metrics: Sequence[TrackerMetric]) -> None:
+        raise AssertionError("write_batch is the only write")
+
+    async def metrics(self, run_id: str) -> Mapping[str, Sequence[TrackerMetric]]:
+        return {}
+
+
+class FaultyIO(InlineIO):
+    """The spool's I/O, inline, failing the next ``fail_writes`` writes with ``errno_``."""
+
+    def __init__(self) -> None:
+        self.fail_writes = 0
+        self.errno_ = errno.ENOSPC
+
+    async def run(self, fn: Any, *args: Any) -> Any:
+        name = getattr(fn, "__name__", "")
+        if self.fail_writes and name in ("_write_file", "_write_ack"):
+            self.fail_writes -= 1
+            await anyio.lowlevel.checkpoint()
+            raise OSError(self.errno_, f"simulated: {errno.errorcode[self.errno_]}")
+        return await super().run(fn, *args)
+
+
+@dataclass
+class Written:
+    """One accepted record, as the model knows it."""
+
+    index: int  # its place in the run's call order, across incarnations
+    uid: str | None  # metric points: what backends store; None for metadata
+    key: str | None = None  # metadata key
+    poison: bool = False
+
+
+@dataclass
+class Incarnation:
+    """One life of a run's pipeline (a process, until it closes or crashes)."""
+
+    pipeline: RunPipeline
+    ingress: Ingress
+    scope: anyio.CancelScope
+    accepted: list[Written] = field(default_factory=list)  # by sequence number
+    closed: bool = False
+
+
+@dataclass
+class RunModel:
+    """What a run accepted, and what each backend must end up with."""
+
+    writes: list[Written] = field(default_factory=list)
+    lost: dict[str, set[int]] = field(default_factory=dict)  # backend -> indexes lost to crashes
+    heads_at_crash: dict[str, set[str]] = field(default_factory=dict)  # backend -> batch keys
+    steps: Counter[str] = field(default_factory=Counter)
+
+
+class World:
+    """Two runs over two backends, a spool directory, a virtual clock."""
+
+    def __init__(self, seed: int, spool_dir: Path, durable: bool, tg: anyio.abc.TaskGroup):
+        self.rng = random.Random(seed)
+        self.clock = VirtualClock()
+        self.spool_dir = spool_dir
+        self.durable = durable
+        self.tg = tg
+        self.io = FaultyIO()
+        self.backends = {n: SimBackend(n, self.clock, random.Random(self.rng.random()))
+                         for n in BACKENDS}
+        self.models = {r: RunModel() for r in RUNS}
+        self.runs: dict[str, Incarnation] = {}
+        self.options = RunOptions(
+            flush_interval=1.0,
+            batch_size=self.rng.choice([3, 8, 25]),
+            max_buffered=self.rng.choice([40, 200, 100_000]),
+            durable=durable,
+            close_timeout=5.0,
+            retry=POLICY,
+            spool_dir=str(spool_dir),
+        )
+        self.log: list[str] = []
+        for run in RUNS:
+            self.start(run)
+
+    # -- life of a run --------------------------------------------------------------------------
+    def start(self, run: str) -> None:
+        ingress = Ingress()
+        pipeline = RunPipeline(
+            run,
+            ingress,
+            [(n, b) for n, b in self.backends.items()],
+            self.options,
+            clock=self.clock,
+            io=self.io,
+            token=new_token(int(self.clock.now() * 1e9) + len(self.log)),
+            rng=random.Random(self.rng.random()),
+        )
+        scope = anyio.CancelScope()
+        self.runs[run] = Incarnation(pipeline, ingress, scope)
+
+        async def lanes() -> None:
+            with scope:
+                async with anyio.create_task_group() as tg:
+                    for lane in pipeline.lanes:
+                        tg.start_soon(lane.run)
+
+        self.tg.start_soon(lanes)
+
+    def write(self, run: str, writer: int, count: int, kind: str) -> None:
+        inc = self.runs[run]
+        model = self.models[run]
+        for _ in range(count):
+            index = len(model.writes)
+            if kind == "metadata":
+                key = f"k{index % 3}"
+                written = Written(index, None, key=key)
+                inc.ingress.append((METADATA, {key: index}))
+            else:
+                name = f"w{writer}"
+                step = model.steps[name]
+                model.steps[name] += 1
+                written = Written(index, uid(name, step), poison=kind == "poison")
+                if written.poison:
+                    self.backends[self.rng.choice(BACKENDS)].poison.add((run, uid(name, step)))
+                inc.ingress.append((name, float(index), step, self.clock.now()))
+            model.writes.append(written)
+            inc.accepted.append(written)
+
+    def crash(self, run: str) -> None:
+        """The process dies where it is: in-memory records are gone, the spool stays, and
+        the OS releases its locks. Then the job restarts with the same spool."""
+        inc = self.runs[run]
+        inc.scope.cancel()
+        self._bury(run, inc)
+        for path in list(locks._held):
+            if run_dir_name(run) in str(path):
+                locks.drop(path)  # the OS releases a dead process's locks
+        self.start(run)
+
+    async def close(self, run: str, timeout: float) -> None:
+        """close() within its deadline, whatever the backends do; what it could not deliver
+        is on disk, or (the disk failing too) reported as pending. Then the job goes on in a
+        new process, which replays the spool."""
+        inc = self.runs[run]
+        start = self.clock.now()
+        report = await inc.pipeline.close(timeout)
+        took = self.clock.now() - start
+        assert took <= timeout + 2 * SPOOL_GRACE_S + 1e-6, f"close({timeout}) took {took}"
+        inc.scope.cancel()
+        for lane in inc.pipeline.lanes:
+            memory = sum(e.records for e in lane.log if e.segment is None)
+            assert lane.memory == memory
+            status = report  # counts are per run, summed over backends
+        assert status.pending == sum(lane.memory for lane in inc.pipeline.lanes)
+        assert status.spooled == sum(lane.disk for lane in inc.pipeline.lanes)
+        if status.pending:
+            assert not status.ok and status.errors, status
+        self._bury(run, inc)
+        self.start(run)
+
+    def _bury(self, run: str, inc: Incarnation) -> None:
+        """What an incarnation that ends takes with it: per backend, the records neither
+        done nor on disk (in memory, or still in the ingress). Heads of lanes may be sent
+        again by the next life: their batches may arrive twice."""
+        model = self.models[run]
+        for lane in inc.pipeline.lanes:
+            on_disk: set[int] = set()
+            for entry in lane.log:
+                if entry.token is None and entry.segment is not None:
+                    on_disk.update(range(entry.first, entry.seq + 1))
+            if lane.log and lane.log[0].batch is not None:
+                heads = model.heads_at_crash.setdefault(lane.name, set())
+                heads.add(lane.log[0].batch.key.split(".")[0])
+            arrived = {u for u, _ in self.backends[lane.name].arrivals.get(run, [])}
+            lost = model.lost.setdefault(lane.name, set())
+            for seq, written in enumerate(inc.accepted):
+                if seq in on_disk or seq <= lane.acked:
+                    continue
+                if written.uid is not None and written.uid in arrived:
+                    continue
+                lost.add(written.index)
+
+    # -- invariants -----------------------------------------------------------------------------
+    def check(self) -> None:
+        """What must hold after every step."""
+        for run, inc in self.runs.items():
+            for lane in inc.pipeline.lanes:
+                assert lane.memory >= 0 and lane.disk >= 0, (lane.name, lane.memory, lane.disk)
+                counted = lane.memory + lane.disk + lane.delivered + lane.dropped
+                counted += len(inc.ingress)
+                assert counted == len(inc.accepted) + lane.adopted, (
+                    f"{lane.name}/{run}: memory {lane.memory} + disk {lane.disk} + delivered "
+                    f"{lane.delivered} + dropped {lane.dropped} + ingress {len(inc.ingress)} "
+                    f"!= accepted {len(inc.accepted)} + adopted {lane.adopted}"
+                )
+                in_memory = sum(e.records for e in lane.log if e.segment is None)
+                on_disk = sum(e.records for e in lane.log if e.segment is not None)
+                assert (lane.memory, lane.disk) == (in_memory, on_disk), lane.name
+            # The report says the same: pending counts the ingress once per backend.
+            report = inc.pipeline.report()
+            total = report.delivered + report.pending + report.spooled + report.dropped
+            assert total == sum(len(inc.accepted) + lane.adopted for lane in inc.pipeline.lanes)
+            self.check_order(run)
+
+    def check_order(self, run: str) -> None:
+        """Per backend, points arrive (first arrivals) in call order, and a point arrives
+        twice only if its batch was written in part before a failure, or was the head of
+        the lane when the process crashed."""
+        index = {w.uid: w.index for w in self.models[run].writes if w.uid is not None}
+        for name, backend in self.backends.items():
+            seen: set[str] = set()
+            last = -1
+            allowed = backend.tainted | self.models[run].heads_at_crash.get(name, set())
+            for u, key in backend.arrivals.get(run, []):
+                if u in seen:
+                    assert key in allowed, f"{name}: {u} of batch {key} arrived twice"
+                    continue
+                seen.add(u)
+                assert index[u] > last, f"{name}: {u} arrived out of call order"
+                last = index[u]
+
+    def check_final(self) -> None:
+        """After everything healed, replayed and closed: each backend has every point the
+        run accepted, but the refused ones and those a crash took from memory; metadata ends
+        at the last surviving write of each key; counts add up."""
+        for run, model in self.models.items():
+            for name, backend in self.backends.items():
+                lost = model.lost.get(name, set())
+                expected = {
+                    w.uid for w in model.writes
+                    if w.uid is not None
+                    and w.index not in lost
+                    and (run, w.uid) not in backend.poison
+                }
+                got = {u for u, _ in backend.arrivals.get(run, [])}
+                missing = expected - got
+                assert not missing, f"{name}/{run}: {len(missing)} lost: {sorted(missing)[:5]}"
+                extra = got - {w.uid for w in model.writes}
+                assert not extra, f"{name}/{run}: points never written: {sorted(extra)[:5]}"
+                refused = {u for u in got if (run, u) in backend.poison}
+                assert not refused, f"{name}/{run}: refused points stored: {refused}"
+                last: dict[str, int] = {}
+                for w in model.writes:
+                    if w.key is not None and w.index not in lost:
+                        last[w.key] = w.index
+                stored = backend.metadata.get(run, {})
+                for key, value in last.items():
+                    assert stored.get(key) == value, (
+                        f"{name}/{run}: metadata {key}={stored.get(key)}, last write {value}"
+                    )
+            inc = self.runs[run]
+            for lane in inc.pipeline.lanes:
+                assert not lane.log, f"{lane.name}/{run}: {len(lane.log)} entries left"
+        leftover = [p for p in self.spool_dir.rglob("*.seg") if "quarantine" not in p.parts]
+        assert not leftover, f"segments left in the spool: {leftover[:3]}"
