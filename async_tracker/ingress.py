@@ -39,12 +39,14 @@ Record = tuple[Any, ...]
 class Ingress:
     """Records accepted by a run and not yet given their place in its order."""
 
-    __slots__ = ("_records", "append")
+    __slots__ = ("_records", "append", "extend")
 
     def __init__(self) -> None:
         self._records: deque[Record] = deque()
-        # Bound once: AppRun calls this attribute directly on the hot path.
+        # Bound once: AppRun calls these directly on the hot path. extend takes the points
+        # of one log_metrics call in one C call: all of them, or (interrupted) none.
         self.append: Callable[[Record], None] = self._records.append
+        self.extend: Callable[[list[Record]], None] = self._records.extend
 
     def __len__(self) -> int:
         return len(self._records)

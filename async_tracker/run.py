@@ -80,8 +80,9 @@ class AppRunTrackableSource:
     artifact_name: str | None
 
 
-def _discard(record: tuple[Any, ...]) -> None:
-    """The append of a run with no backend (``<UNDEFINED>`` job id): writes go nowhere."""
+def _discard(record: object) -> None:
+    """The append (and extend) of a run with no backend (``<UNDEFINED>`` job id): writes go
+    nowhere."""
 
 
 class AppRun:
@@ -170,6 +171,11 @@ class AppRun:
         self._append: Callable[[tuple[Any, ...]], None] = (
             self._first_append if self._async_backends else _discard
         )
+        # log_metrics' twin of _append: all points of one call in one C call, so that a
+        # KeyboardInterrupt cannot keep some of them and lose the rest. Swapped with _append.
+        self._extend: Callable[[list[tuple[Any, ...]]], None] = (
+            self._first_extend if self._async_backends else _discard
+        )
         if not _backend_names or _owns_backends:
             # Not for the read-only runs _relative() makes: the run they came from said it.
             self._warn_skipped_metrics()
@@ -256,14 +262,16 @@ class AppRun:
                 points.append((*check_metric(name, value, step), now))
             else:
                 points.append((name, value, step, now))
-        append = self._append
-        for point in points:
-            append(point)
+        self._extend(points)
 
     # -- lifecycle ----------------------------------------------------------------------------
     def _first_append(self, record: tuple[Any, ...]) -> None:
         self._ensure_started()
         self._append(record)
+
+    def _first_extend(self, records: list[tuple[Any, ...]]) -> None:
+        self._ensure_started()
+        self._extend(records)
 
     def _ensure_started(self) -> RunPipeline:
         with self._start_lock:
@@ -277,25 +285,31 @@ class AppRun:
                     list(zip(self._names, self._async_backends)),
                     self.options,
                     owns_backends=self._owns_backends,
-                    set_append=self._set_append,
+                    set_blocking=self._set_blocking,
                 )
                 # Registration runs on the loop (the lanes become its tasks); we do not wait
                 # for it: records appended meanwhile simply wait in the buffer.
                 flusher.loop.submit(flusher.add, self._flusher)
                 self._append = self._ingress.append
+                self._extend = self._ingress.extend
                 # Held until closed: a run dropped without close() still has records to
                 # deliver, and the exit hook must find it.
                 shutdown.hold(self)
             return self._flusher
 
-    def _set_append(self, append: Callable[[tuple[Any, ...]], None]) -> None:
-        """The flusher's switch of the hot path into and out of an overload. Under the
-        lock, so that it never undoes close()'s switch to _closed_append."""
+    def _set_blocking(self, blocking: bool) -> None:
+        """The pipeline's switch of the hot path into and out of the block policy's wait.
+        Under the lock, so that it never undoes close()'s switch to _closed_append."""
         with self._start_lock:
-            if not self.closed and self._flusher is not None:
-                self._append = append
+            pipeline = self._flusher
+            if self.closed or pipeline is None:
+                return
+            if blocking:
+                self._append, self._extend = pipeline.blocking_append, pipeline.blocking_extend
+            else:
+                self._append, self._extend = self._ingress.append, self._ingress.extend
 
-    def _closed_append(self, record: tuple[Any, ...]) -> None:
+    def _closed_append(self, record: object) -> None:
         raise TrackerClosedError(f"run {self.id!r} is closed; it accepts no more writes")
 
     def _run_on_loop(
@@ -333,7 +347,7 @@ class AppRun:
         the exit hook can close every run at once."""
         with self._start_lock:
             self.closed = True
-            self._append = self._closed_append
+            self._append = self._extend = self._closed_append
             pipeline = self._flusher
         if pipeline is not None:
             # Writers blocked by the block policy give up now; then wait until no thread is
@@ -443,7 +457,7 @@ class AppRun:
         self._close_future = None
         self._start_lock = threading.RLock()
         if not self.closed and self._async_backends:
-            self._append = self._first_append
+            self._append, self._extend = self._first_append, self._first_extend
 
     # -- reads ---------------------------------------------------------------------------------
     def _reader(self) -> tuple[AsyncTrackerBase, list[Lane]] | None:
@@ -543,6 +557,7 @@ class AppRun:
 
 
 # The code of every write method: close() waits until no thread runs one (see ingress.py).
+# Whatever a write calls (a first start, the block policy's wait) runs below these frames.
 _WRITE_CODES = frozenset(
     f.__code__
     for f in (
@@ -551,8 +566,6 @@ _WRITE_CODES = frozenset(
         AppRun.add_source,
         AppRun.log_metric,
         AppRun.log_metrics,
-        AppRun._first_append,
-        RunPipeline._blocking_append,
     )
 )
 

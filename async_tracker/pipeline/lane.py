@@ -397,6 +397,8 @@ class Lane:
             self.memory -= entry.records
         else:
             self.disk -= entry.records
+        if not self.log:
+            self._spool_failing = False  # a failed spool write holds nothing back any more
         self._signal_progress()
 
     async def _line_done(self, segment: Segment, token: str | None, seq: int, lines: int) -> None:

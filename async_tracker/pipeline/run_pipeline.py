@@ -49,7 +49,7 @@ class RunPipeline:
         options: RunOptions,
         *,
         owns_backends: bool = False,
-        set_append: Callable[[Callable[[Record], None]], None] | None = None,
+        set_blocking: Callable[[bool], None] | None = None,
         clock: Clock | None = None,
         io: SpoolIO = thread_io,
         token: str | None = None,
@@ -83,8 +83,8 @@ class RunPipeline:
             for name, backend in backends
         ]
         # While overloaded under the block policy, AppRun's hot path is swapped for
-        # _blocking_append through set_append (the only cost the bound adds to the hot path).
-        self._set_append = set_append
+        # blocking_append/extend through set_blocking (the only cost the bound adds to it).
+        self._set_blocking = set_blocking
         self.overloaded = False
         self._block_expired = False
         self._room = threading.Event()  # set while not overloaded: blocked writers wait on it
@@ -166,16 +166,16 @@ class RunPipeline:
                 "async_tracker: run %r holds %d records (max_buffered=%d); overflow policy %s",
                 self.run_id, held, limit, self.options.overflow,
             )
-            if self.options.overflow == "block" and self._set_append is not None:
+            if self.options.overflow == "block" and self._set_blocking is not None:
                 self._block_expired = False
                 self._room.clear()
-                self._set_append(self._blocking_append)
+                self._set_blocking(True)
         elif self.overloaded and held <= limit // 4:
             self.overloaded = False
             if not self._room.is_set():
                 self._room.set()
-                if self._set_append is not None:
-                    self._set_append(self.ingress.append)
+                if self._set_blocking is not None:
+                    self._set_blocking(False)
         # While overloaded, lanes keep what they hold on disk: always under spool, and under
         # block once a writer's wait ran out (the writes then go on without waiting).
         spill = self.overloaded and (
@@ -184,18 +184,26 @@ class RunPipeline:
         for lane in self.lanes:
             lane.set_overloaded(spill)
 
-    def _blocking_append(self, record: Record) -> None:
-        """The ``block`` policy's write, on the caller's thread: waits until the run is back
-        within its bound, at most ``overflow_timeout`` per overload; after that the writes
-        go on without waiting (and the lanes spool) until the overload ends."""
+    def blocking_append(self, record: Record) -> None:
+        """The ``block`` policy's write (see :meth:`_block`)."""
+        self._block()
+        self.ingress.append(record)  # one append: the write is atomic, as on the hot path
+
+    def blocking_extend(self, records: list[Record]) -> None:
+        self._block()
+        self.ingress.extend(records)
+
+    def _block(self) -> None:
+        """On the caller's thread: waits until the run is back within its bound, at most
+        ``overflow_timeout`` per overload; after that the writes go on without waiting (and
+        the lanes spool) until the overload ends."""
         start = time.monotonic()
         room = self._room.wait(self.options.overflow_timeout)
         if self.closed:
             raise TrackerClosedError(f"run {self.run_id!r} closed while this write waited")
-        self.ingress.append(record)  # one append: the write is atomic, as on the hot path
-        if not room and self._set_append is not None:
+        if not room and self._set_blocking is not None:
             self._block_expired = True  # the loop has the lanes spool at its next look
-            self._set_append(self.ingress.append)
+            self._set_blocking(False)
         with self._counts_lock:
             self.blocked_writes += 1
             self.blocked_s += time.monotonic() - start
