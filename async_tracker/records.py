@@ -155,23 +155,48 @@ def check_metric(name: object, value: object, step: object) -> tuple[str, float,
     return key, metric_value(key, value), metric_step(key, step)
 
 
-_JSON_SCALARS = (str, int, float, bool, type(None))
+_JSON_SCALARS = (float, bool, type(None))
+# Integers JSON tools and backends store exactly: 64 bits (Python's own JSON encoder would
+# write any, but refuses past 4300 digits, and backends parse them as int64 or doubles).
+INT_MIN, INT_MAX = -(2**63), 2**64 - 1
 
 
-def json_copy(value: object, key: str) -> object:
-    """A deep copy of ``value`` made of dict/list/str/int/float/bool/None, or TypeError naming
-    ``key``. Tuples become lists (as JSON would make them). NaN and infinities are kept."""
+def _check_text(value: str, key: str) -> str:
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValueError(
+            f"metadata {key!r}: the text holds a lone surrogate ({value[:40]!r}), which no "
+            "backend can store"
+        ) from None
+    return value
+
+
+def json_copy(value: object, key: str, _path: tuple[int, ...] = ()) -> object:
+    """A deep copy of ``value`` made of dict/list/str/int/float/bool/None, or TypeError or
+    ValueError naming ``key``. Tuples become lists (as JSON would make them). NaN and
+    infinities are kept; integers beyond 64 bits, text with lone surrogates and cycles are
+    refused (the spool and the backends could not store them)."""
     if isinstance(value, _JSON_SCALARS):
         return value
+    if isinstance(value, str):
+        return _check_text(value, key)
+    if isinstance(value, int):
+        if not INT_MIN <= value <= INT_MAX:
+            raise ValueError(f"metadata {key!r}: the integer does not fit in 64 bits")
+        return value
+    if id(value) in _path:
+        raise ValueError(f"metadata {key!r}: the value contains itself (a cycle)")
+    path = (*_path, id(value))
     if isinstance(value, Mapping):
         out: dict[str, object] = {}
         for k, v in value.items():
             if not isinstance(k, str):
                 raise TypeError(f"metadata {key!r}: keys must be str, got {type(k).__name__}")
-            out[k] = json_copy(v, f"{key}.{k}")
+            out[_check_text(k, key)] = json_copy(v, f"{key}.{k}", path)
         return out
     if isinstance(value, (list, tuple)):
-        return [json_copy(v, f"{key}[{i}]") for i, v in enumerate(value)]
+        return [json_copy(v, f"{key}[{i}]", path) for i, v in enumerate(value)]
     raise TypeError(
         f"metadata {key!r}: {type(value).__name__} is not JSON data "
         "(use dict, list, str, int, float, bool or None)"
