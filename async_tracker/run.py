@@ -405,6 +405,11 @@ class AppRun:
         self._check_strict(report)
         return report
 
+    def close_finished(self) -> bool:
+        """Whether close() has its report: False for an open run, and while a close is
+        under way (from its first step: a signal may land anywhere in it)."""
+        return self._close_report is not None
+
     def _check_strict(self, report: FlushReport) -> None:
         if self.options.strict and not report.ok:
             raise DeliveryError(f"run {self.id!r} closed without delivering everything: {report}")

@@ -55,10 +55,17 @@ def open_runs() -> list[AppRun]:
     return [r for r in list(_runs) if not r.closed]
 
 
+def unfinished_runs() -> list[AppRun]:
+    """Open runs, and runs whose close is under way (a SIGTERM during close() must wait for
+    that close, not kill the process in the middle of it)."""
+    return [r for r in list(_runs) if not r.close_finished()]
+
+
 def close_all(timeout: float | None = None) -> None:
-    """Closes every open run concurrently, within ``timeout`` (default: the longest
-    ``close_timeout`` among them), and logs what was not delivered."""
-    runs = open_runs()
+    """Closes every open run concurrently, and waits for closes under way, within
+    ``timeout`` (default: the longest ``close_timeout`` among them); logs what was not
+    delivered."""
+    runs = unfinished_runs()
     if not runs:
         return
     limit = max(r.options.close_timeout for r in runs) if timeout is None else timeout
