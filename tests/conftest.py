@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, settings
 # "soak" (thousands, new ones each time): ``--hypothesis-profile=soak``.
 _SIM_HEALTH = [HealthCheck.function_scoped_fixture, HealthCheck.too_slow]
 settings.register_profile(
-    "ci", max_examples=30, deadline=None, derandomize=True, suppress_health_check=_SIM_HEALTH
+    "ci", max_examples=100, deadline=None, derandomize=True, suppress_health_check=_SIM_HEALTH
 )
 settings.register_profile(
     "soak", max_examples=3000, deadline=None, suppress_health_check=_SIM_HEALTH
@@ -22,7 +22,7 @@ settings.load_profile("ci")
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("simulation", "the delivery simulator (tests/simulation)")
-    group.addoption("--sim-seeds", type=int, default=120, help="schedules to run by seed")
+    group.addoption("--sim-seeds", type=int, default=300, help="schedules to run by seed")
     group.addoption(
         "--sim-start", default="0", help="the first seed, or 'random' for seeds never run"
     )

@@ -2,7 +2,7 @@
 
 Two ways in:
 
-* ``test_seed``: one schedule per seed, ``--sim-seeds`` of them (default 120) from
+* ``test_seed``: one schedule per seed, ``--sim-seeds`` of them (default 300) from
   ``--sim-start`` (default 0; ``random`` for seeds never run before). A failure prints the
   one-line command that replays its seed.
 * ``test_hypothesis``: hypothesis draws schedules and shrinks a failing one to a short list

@@ -24,7 +24,6 @@ import anyio
 import anyio.abc
 
 from async_tracker.base import AsyncTrackerBase
-from async_tracker.clock import VirtualClock
 from async_tracker.errors import PermanentBackendError, RecordError
 from async_tracker.ingress import METADATA, Ingress
 from async_tracker.pipeline.run_pipeline import RunPipeline
@@ -34,6 +33,7 @@ from async_tracker.settings import SPOOL_GRACE_S, RunOptions
 from async_tracker.spool.io import InlineIO
 from async_tracker.spool.owner import locks
 from async_tracker.spool.store import new_token, run_dir_name
+from tests.simulation.virtual_clock import VirtualClock
 
 if sys.version_info < (3, 11):  # pragma: no cover
     from exceptiongroup import ExceptionGroup
