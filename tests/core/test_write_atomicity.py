@@ -9,45 +9,15 @@ with ``f_trace_opcodes``), so every point of every write path is tried, determin
 from __future__ import annotations
 
 import functools
-import sys
 from collections.abc import Callable
-from types import FrameType
-from typing import Any
 
 import pytest
 
 from async_tracker import AppRun
 from async_tracker.backend.memory import InMemoryTracker
+from tests.interrupts import interrupted_at
 
 MakeRun = Callable[..., AppRun]
-
-
-class Interrupt(KeyboardInterrupt):
-    pass
-
-
-def interrupted_at(k: int, call: Callable[[], None]) -> bool:
-    """Runs ``call``, raising Interrupt at its ``k``-th opcode (counting every frame it
-    runs); True if the interrupt happened (False: the call ran to its end first)."""
-    count = 0
-
-    def tracer(frame: FrameType, event: str, arg: Any) -> Any:
-        nonlocal count
-        frame.f_trace_opcodes = True
-        if event == "opcode":
-            count += 1
-            if count == k:
-                raise Interrupt
-        return tracer
-
-    sys.settrace(tracer)
-    try:
-        call()
-    except Interrupt:
-        return True
-    finally:
-        sys.settrace(None)
-    return False
 
 
 WRITES: dict[str, Callable[[AppRun, int], None]] = {

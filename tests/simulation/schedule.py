@@ -18,7 +18,8 @@ import anyio
 from tests.simulation.world import BACKENDS, FAULTS, RUNS, World
 
 STEP_KINDS = (
-    ["write"] * 40
+    ["write"] * 36
+    + ["interrupted_write"] * 4
     + ["tick"] * 8
     + ["flush"] * 8
     + ["advance"] * 10
@@ -69,6 +70,8 @@ async def apply(world: World, step: Step) -> None:
     backend = world.backends[BACKENDS[step.a % len(BACKENDS)]]
     if step.kind == "write":
         world.write(run, step.a % 3, 1 if step.c == "poison" else 1 + step.a, step.c)
+    elif step.kind == "interrupted_write":
+        world.interrupted_write(run, step.a % 3, 1 + step.a * 3)
     elif step.kind == "tick":
         world.runs[run].pipeline.tick()
     elif step.kind == "flush":
@@ -98,7 +101,7 @@ async def apply(world: World, step: Step) -> None:
             (directory / f"junk{step.a}").mkdir(exist_ok=True)
             (directory.parent / f"stray{step.a}").write_text("in the run directory")
     elif step.kind == "crash":
-        world.crash(run)
+        await world.crash(run)
     elif step.kind == "close":
         await world.close(run, step.b)
     elif step.kind == "close_while_flushing":

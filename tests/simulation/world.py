@@ -23,6 +23,7 @@ from typing import Any
 import anyio
 import anyio.abc
 
+from async_tracker import AppRun
 from async_tracker.base import AsyncTrackerBase
 from async_tracker.errors import PermanentBackendError, RecordError
 from async_tracker.ingress import METADATA, Ingress
@@ -33,6 +34,7 @@ from async_tracker.settings import SPOOL_GRACE_S, RunOptions
 from async_tracker.spool.io import InlineIO
 from async_tracker.spool.owner import locks
 from async_tracker.spool.store import new_token, run_dir_name
+from tests.interrupts import interrupted_at
 from tests.simulation.virtual_clock import VirtualClock
 
 if sys.version_info < (3, 11):  # pragma: no cover
@@ -68,6 +70,7 @@ class SimBackend(AsyncTrackerBase):
         self.poison: set[tuple[str, str]] = set()  # (run, point) refused for good
         self.arrivals: dict[str, list[tuple[str, str]]] = {}  # run -> [(uid, batch key)]
         self.metadata: dict[str, dict[str, object]] = {}
+        self.metadata_arrivals: dict[str, set[object]] = {}  # values (write indexes) stored
         self.tainted: set[str] = set()  # batch keys written in part before a failure
         self.release = anyio.Event()
         self.hung = 0
@@ -107,6 +110,7 @@ class SimBackend(AsyncTrackerBase):
         self.arrivals.setdefault(run_id, []).extend((uid(m.name, m.step), key) for m in metrics)
         if metadata:
             self.metadata.setdefault(run_id, {}).update(batch.metadata)
+            self.metadata_arrivals.setdefault(run_id, set()).update(batch.metadata.values())
 
     def heal(self) -> None:
         self.faults.clear()
@@ -184,6 +188,7 @@ class Incarnation:
     pipeline: RunPipeline
     ingress: Ingress
     scope: anyio.CancelScope
+    stopped: anyio.Event = field(default_factory=anyio.Event)  # its lane tasks are over
     accepted: list[Written] = field(default_factory=list)  # by sequence number
     closed: bool = False
 
@@ -222,6 +227,7 @@ class World:
             spool_dir=str(spool_dir),
         )
         self.log: list[str] = []
+        self._apps: dict[str, AppRun] = {}
         for run in RUNS:
             self.start(run)
 
@@ -239,13 +245,16 @@ class World:
             rng=random.Random(self.rng.random()),
         )
         scope = anyio.CancelScope()
-        self.runs[run] = Incarnation(pipeline, ingress, scope)
+        inc = self.runs[run] = Incarnation(pipeline, ingress, scope)
 
         async def lanes() -> None:
-            with scope:
-                async with anyio.create_task_group() as tg:
-                    for lane in pipeline.lanes:
-                        tg.start_soon(lane.run)
+            try:
+                with scope:
+                    async with anyio.create_task_group() as tg:
+                        for lane in pipeline.lanes:
+                            tg.start_soon(lane.run)
+            finally:
+                inc.stopped.set()
 
         self.tg.start_soon(lanes)
 
@@ -269,11 +278,37 @@ class World:
             model.writes.append(written)
             inc.accepted.append(written)
 
-    def crash(self, run: str) -> None:
+    def interrupted_write(self, run: str, writer: int, k: int) -> None:
+        """A write through AppRun's real hot path, with KeyboardInterrupt raised at its
+        ``k``-th bytecode (as Ctrl-C would): the model accepts what reached the ingress,
+        which must be the whole call or nothing of it."""
+        inc = self.runs[run]
+        model = self.models[run]
+        app = self._apps.get(run)
+        if app is None:
+            app = self._apps[run] = AppRun(run, [])
+        app._append, app._extend = inc.ingress.append, inc.ingress.extend
+        name = f"w{writer}"
+        step = model.steps[name]
+        before = len(inc.ingress)
+        interrupted_at(
+            k, lambda: app.log_metrics({name: float(len(model.writes))}, step=step)
+        )
+        added = len(inc.ingress) - before
+        assert added in (0, 1), f"a write interrupted at bytecode {k} kept {added} points"
+        if added:
+            model.steps[name] += 1
+            written = Written(len(model.writes), uid(name, step))
+            model.writes.append(written)
+            inc.accepted.append(written)
+
+    async def crash(self, run: str) -> None:
         """The process dies where it is: in-memory records are gone, the spool stays, and
-        the OS releases its locks. Then the job restarts with the same spool."""
+        the OS releases its locks. Then the job restarts with the same spool. (A write whose
+        await had already returned completes: the process died just after it.)"""
         inc = self.runs[run]
         inc.scope.cancel()
+        await inc.stopped.wait()
         self._bury(run, inc)
         for path in list(locks._held):
             if run_dir_name(run) in str(path):
@@ -298,6 +333,7 @@ class World:
         assert status.spooled == sum(lane.disk for lane in inc.pipeline.lanes)
         if status.pending:
             assert not status.ok and status.errors, status
+        await inc.stopped.wait()
         self._bury(run, inc)
         self.start(run)
 
@@ -314,12 +350,16 @@ class World:
             if lane.log and lane.log[0].batch is not None:
                 heads = model.heads_at_crash.setdefault(lane.name, set())
                 heads.add(lane.log[0].batch.key.split(".")[0])
-            arrived = {u for u, _ in self.backends[lane.name].arrivals.get(run, [])}
+            backend = self.backends[lane.name]
+            arrived = {u for u, _ in backend.arrivals.get(run, [])}
+            metadata_arrived = backend.metadata_arrivals.get(run, set())
             lost = model.lost.setdefault(lane.name, set())
             for seq, written in enumerate(inc.accepted):
                 if seq in on_disk or seq <= lane.acked:
                     continue
                 if written.uid is not None and written.uid in arrived:
+                    continue  # stored before the end, though the lane had not finished it
+                if written.key is not None and written.index in metadata_arrived:
                     continue
                 lost.add(written.index)
 
