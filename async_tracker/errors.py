@@ -95,7 +95,7 @@ def classify(exc: BaseException) -> Kind:
         kinds = {classify(e) for e in exc.exceptions}
         for kind in ("backend", "transient", "record"):
             if kind in kinds:
-                return kind  # type: ignore[return-value]
+                return kind
         return "backend"
     if isinstance(exc, RecordError):
         return "record"
