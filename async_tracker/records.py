@@ -67,6 +67,10 @@ class Batch:
     what they write deterministically. ``done`` holds the parts already stored: a retry skips
     them (see :meth:`AsyncTrackerBase.write_batch`). ``names`` holds the object names a
     backend chose at its first attempt, so that a retry overwrites instead of duplicating.
+    ``key`` is the batch's unique, time-ordered name, fixed when it is cut and before it is
+    written to the write-ahead log (``<time_ns, 19 digits>-<process token>-<seq, 12 digits>``):
+    backends that name objects after it (fsspec) overwrite on a replay after a crash instead
+    of duplicating. Empty for a batch made without one (backends then choose names as above).
     Each lane gets its own copy.
     """
 
@@ -78,6 +82,7 @@ class Batch:
     records: int = 0
     done: set[str] = field(default_factory=set)
     names: dict[str, str] = field(default_factory=dict)
+    key: str = ""
 
     def for_lane(self) -> Batch:
         """A copy sharing the (read-only) data, with its own progress."""
@@ -88,6 +93,7 @@ class Batch:
             self.sources,
             self.metrics,
             self.records,
+            key=self.key,
         )
 
     def is_empty(self) -> bool:
