@@ -2,9 +2,10 @@
 file, transient, about the backend (the records are kept) or about a record.
 
 Real components: a moto S3 server killed and restarted (and a closed port), a missing bucket,
-a directory bind-mounted read-only and back, real ENAMETOOLONG on local disk, values JSON
-cannot hold. What cannot happen for real here (a full disk, EACCES as root) comes from a thin
-subclass of fsspec's memory filesystem that raises the OSError the OS would.
+a directory bind-mounted read-only and back, a full tmpfs, real ENAMETOOLONG on local disk,
+values JSON cannot hold. What cannot happen for real here (EACCES and EPERM as root, a quota)
+comes from a thin subclass of fsspec's memory filesystem that raises the OSError the OS would.
+The mount tests skip where mounting is not allowed.
 """
 
 from __future__ import annotations
@@ -228,6 +229,50 @@ async def test_name_too_long_on_disk_is_about_the_record(tmp_path: Path) -> None
     assert info.value.__cause__ is not None
     assert getattr(info.value.__cause__, "errno", None) == errno.ENAMETOOLONG
     assert "metadata" in batch.done  # the parts before it were stored
+
+
+@pytest.fixture
+def full_disk(tmp_path: Path) -> Iterator[Path]:
+    """A small tmpfs filled to the last byte (real ENOSPC); ``filler`` in it frees the room.
+    Skipped where mounting is not allowed."""
+    target = tmp_path / "full"
+    target.mkdir()
+    if subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(target)], capture_output=True
+    ).returncode != 0:
+        pytest.skip("tmpfs mounts are not allowed here")
+    try:
+        (target / "store").mkdir()
+        with open(target / "filler", "wb", buffering=0) as f:
+            try:
+                while True:
+                    f.write(b"\0" * 4096)
+            except OSError as exc:
+                assert exc.errno == errno.ENOSPC
+        yield target
+    finally:
+        subprocess.run(["umount", str(target)], capture_output=True, check=False)
+
+
+async def test_full_disk_is_about_the_backend_and_passes_when_room_is_made(
+    full_disk: Path,
+) -> None:
+    tracker = AsyncFsspecTracker(fsspec.filesystem("file"), str(full_disk / "store"))
+    batch = a_batch(batch_key())
+    with pytest.raises(PermanentBackendError) as info:
+        await tracker.write_batch(RUN, batch)
+    assert not isinstance(info.value, RecordError)
+    assert classify(info.value) == "backend"
+    cause = info.value.__cause__
+    assert isinstance(cause, OSError) and cause.errno == errno.ENOSPC, cause
+    assert f"store/{encode_run_id(RUN)}/metadata/{batch.key}" in str(info.value)
+    # The partial temporary file was removed, not left to fill the disk further.
+    tmp = full_disk / "store" / encode_run_id(RUN) / ".tmp"
+    assert not tmp.exists() or list(tmp.iterdir()) == []
+
+    (full_disk / "filler").unlink()  # room again: the lane's later retry lands
+    await tracker.write_batch(RUN, batch)
+    assert await tracker.metadata(RUN) == {"lr": 0.1}
 
 
 class FailingMemoryFS(MemoryFileSystem):
