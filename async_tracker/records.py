@@ -71,7 +71,7 @@ class Batch:
     backends derive deterministic object names from it: a replay overwrites, never duplicates.
     ``done`` holds the parts already stored: a retry skips them (see
     :meth:`AsyncTrackerBase.write_batch`). ``names`` holds object names a backend chose at
-    its first attempt. Each lane gets its own copy.
+    its first attempt, for a batch made without a key. Each lane gets its own copy.
     """
 
     seq: int

@@ -12,8 +12,15 @@ Layout under ``root_dir`` (torchx's ``FsspecTracker`` and ``torchx tracker list`
 
 File names start with the wall-clock time in nanoseconds, then a token unique to the process
 (hosts and forks included) and a counter, so names never collide and sort into write order.
-A retry reuses the name chosen at the first attempt (``Batch.names``): it overwrites, never
-duplicates.
+A batch that has a ``key`` (fixed when it was cut, before its write-ahead line) names its files
+after it: ``metadata/<key>`` and ``metrics/<key>-<digest of the segment>.jsonl``, so that a
+retry, or a replay by another process after a crash, overwrites instead of duplicating (the
+digest keeps apart the parts of a batch the lane split to find a record the store refused).
+A batch without a key gets new names at its first attempt and keeps them for its retries
+(``Batch.names``).
+
+Errors: every failure leaves as one :class:`~async_tracker.errors.BackendError` naming the
+file, mapped by :func:`map_error` from what fsspec, s3fs, botocore or the OS raised.
 
 Metadata: torchx's reader merges metadata files in directory-listing order, which on local
 disks is hash order, not write order. So each process writes its whole merged metadata in
@@ -30,23 +37,40 @@ from __future__ import annotations
 
 import asyncio
 import binascii
+import contextlib
+import hashlib
 import json
 import logging
 import os
 import posixpath
 import secrets
+import sys
 import threading
 import time
 from base64 import b32decode, b32encode
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, TypeVar
 
 import fsspec
 from fsspec.implementations.local import LocalFileSystem
 
 from async_tracker.adapters import SyncTracker, Threads
+from async_tracker.backend.errors import (
+    chain,
+    errno_error,
+    http_status,
+    http_status_error,
+    is_network_failure,
+    map_group,
+)
 from async_tracker.base import AsyncTrackerBase
-from async_tracker.errors import PermanentBackendError, TrackerConfigError
+from async_tracker.errors import (
+    BackendError,
+    PermanentBackendError,
+    RecordError,
+    TrackerConfigError,
+    TransientBackendError,
+)
 from async_tracker.records import (
     Batch,
     Lineage,
@@ -56,6 +80,9 @@ from async_tracker.records import (
     sort_points,
 )
 from async_tracker.settings import DEFAULT_THREADS_PER_BACKEND
+
+if sys.version_info < (3, 11):  # pragma: no cover - 3.10
+    from exceptiongroup import BaseExceptionGroup
 
 logger = logging.getLogger(__name__)
 
@@ -108,6 +135,113 @@ class _Names:
 _names = _Names()
 
 
+# -- errors ------------------------------------------------------------------------------------
+
+# S3 error codes (botocore's ClientError, which s3fs keeps as the cause of what it raises)
+# that may pass by themselves, after s3fs's and botocore's own retries gave up.
+S3_TRANSIENT_CODES = frozenset(
+    {
+        "SlowDown", "Throttling", "ThrottlingException", "ThrottledException",
+        "RequestThrottled", "RequestThrottledException", "TooManyRequestsException",
+        "RequestLimitExceeded", "BandwidthLimitExceeded", "ProvisionedThroughputExceededException",
+        "RequestTimeout", "RequestTimeoutException", "ServiceUnavailable", "InternalError",
+        "OperationAborted", "PriorRequestNotComplete", "Busy",
+    }
+)  # fmt: skip
+# S3 error codes about the object being written: the lane drops that record alone.
+S3_RECORD_CODES = frozenset(
+    {
+        "EntityTooLarge", "KeyTooLongError", "MetadataTooLarge", "InlineDataTooLarge",
+        "MaxMessageLengthExceeded", "MaxPostPreDataLengthExceededError",
+    }
+)  # fmt: skip
+# Every other S3 code (AccessDenied, NoSuchBucket, InvalidAccessKeyId, SignatureDoesNotMatch,
+# ExpiredToken ...) is about the backend: the records are kept.
+
+
+def _s3_error(exc: BaseException) -> tuple[str, int | None] | None:
+    """(code, HTTP status) of the botocore ClientError in ``exc``'s chain, or None."""
+    for cur in chain(exc):
+        response = getattr(cur, "response", None)
+        if isinstance(response, dict) and isinstance(response.get("Error"), dict):
+            meta = response.get("ResponseMetadata")
+            status = meta.get("HTTPStatusCode") if isinstance(meta, dict) else None
+            return str(response["Error"].get("Code") or ""), (
+                status if isinstance(status, int) else None
+            )
+    return None
+
+
+def map_error(exc: BaseException, what: str) -> BackendError:
+    """The package's error for what fsspec (or s3fs, botocore, aiohttp, the OS) raised while
+    doing ``what`` (``"write of <path>"``...), naming it.
+
+    * transient: connection and endpoint errors, timeouts, HTTP 408/429/5xx, S3's SlowDown,
+      Throttling, RequestTimeout, ServiceUnavailable, InternalError; OSErrors that may pass
+      (ECONNRESET, EIO, EAGAIN, ENOENT of a directory removed under us ...);
+    * about the backend (the records are kept): S3's AccessDenied, NoSuchBucket,
+      InvalidAccessKeyId and every other S3 code; EROFS, EACCES, EPERM, ENOSPC, EDQUOT,
+      ENOTDIR ...; any error not recognised;
+    * about the record (dropped alone): S3's EntityTooLarge, KeyTooLongError; ENAMETOOLONG,
+      EFBIG; HTTP 413.
+
+    Exception groups are unwrapped into one error (transient if any part is).
+    """
+    if isinstance(exc, BackendError):
+        return exc
+    if isinstance(exc, BaseExceptionGroup):
+        mapped = map_group(exc, lambda e: map_error(e, what))
+        if mapped is not None:
+            return mapped
+    message = f"fsspec {what} failed: {type(exc).__name__}: {exc}"
+    s3 = _s3_error(exc)
+    if s3 is not None:
+        code, status = s3
+        message += f" (S3 {code or 'error'}, HTTP {status})"
+        if code in S3_TRANSIENT_CODES:
+            return TransientBackendError(message)
+        if code in S3_RECORD_CODES:
+            return RecordError(message)
+        if status is not None:
+            return http_status_error(status, message)
+        return PermanentBackendError(message)
+    if isinstance(exc, OSError):
+        mapped = errno_error(exc.errno, message)
+        if mapped is not None:
+            return mapped
+    if is_network_failure(exc):
+        return TransientBackendError(message)
+    status = http_status(exc)
+    if status is not None:
+        return http_status_error(status, message)
+    if isinstance(exc, FileNotFoundError):  # without an errno (memory://): as ENOENT
+        return TransientBackendError(message)
+    return PermanentBackendError(message)
+
+
+@contextlib.contextmanager
+def _mapped(what: str) -> Iterator[None]:
+    """Whatever the block raises leaves as one BackendError about ``what``."""
+    try:
+        yield
+    except BackendError:
+        raise
+    except Exception as exc:
+        raise map_error(exc, what) from exc
+
+
+def _encode_json(content: object, path: str) -> bytes:
+    """``content`` as JSON (NaN and infinities as Python writes them), or RecordError naming
+    the file: a value JSON cannot hold (a cycle, an int beyond Python's digit limit, a lone
+    surrogate once UTF-8 encoded, an object that is not JSON data)."""
+    try:
+        return json.dumps(content).encode("utf-8")
+    except (TypeError, ValueError, RecursionError) as exc:
+        raise RecordError(
+            f"fsspec cannot encode {path} as JSON: {type(exc).__name__}: {exc}"
+        ) from exc
+
+
 class _Storage:
     """The handful of operations the tracker needs, as coroutines over any fsspec filesystem.
 
@@ -133,44 +267,56 @@ class _Storage:
         return await self._threads.run(getattr(self.fs, name), *args, **kwargs)
 
     async def put(self, path: str, data: bytes, stage_dir: str) -> None:
-        if self.stages:
-            await self._threads.run(self._put_staged, path, data, stage_dir)
-        else:
-            await self._call("pipe_file", path, data)
+        with _mapped(f"write of {path}"):
+            if self.stages:
+                await self._threads.run(self._put_staged, path, data, stage_dir)
+            else:
+                await self._call("pipe_file", path, data)
 
     def _put_staged(self, path: str, data: bytes, stage_dir: str) -> None:
         self.fs.makedirs(stage_dir, exist_ok=True)
         self.fs.makedirs(posixpath.dirname(path), exist_ok=True)
         tmp = posixpath.join(stage_dir, secrets.token_hex(8))
-        self.fs.pipe_file(tmp, data)
-        self.fs.mv(tmp, path)
+        try:
+            self.fs.pipe_file(tmp, data)
+            self.fs.mv(tmp, path)
+        except BaseException:
+            # A full disk may have left part of the file: do not leave it behind.
+            with contextlib.suppress(Exception):
+                if self.fs.exists(tmp):
+                    self.fs.rm_file(tmp)
+            raise
 
     async def get(self, path: str) -> bytes | None:
-        try:
-            data: bytes = await self._call("cat_file", path)
-            return data
-        except FileNotFoundError:
-            return None
+        with _mapped(f"read of {path}"):
+            try:
+                data: bytes = await self._call("cat_file", path)
+                return data
+            except FileNotFoundError:
+                return None
 
     async def ls(self, path: str) -> list[tuple[str, str]]:
         """``(basename, type)`` of each entry, sorted by name; [] for a missing directory.
         The listing cache is dropped first: other processes write here too."""
-        self.fs.invalidate_cache(path)
-        try:
-            entries = await self._call("ls", path, detail=True)
-        except FileNotFoundError:
-            return []
+        with _mapped(f"listing of {path}"):
+            self.fs.invalidate_cache(path)
+            try:
+                entries = await self._call("ls", path, detail=True)
+            except FileNotFoundError:
+                return []
         out = [(posixpath.basename(e["name"].rstrip("/")), e.get("type", "file")) for e in entries]
         return sorted(out)
 
     async def rm(self, path: str) -> None:
-        try:
-            await self._call("rm_file", path)
-        except FileNotFoundError:
-            pass
+        with _mapped(f"removal of {path}"):
+            try:
+                await self._call("rm_file", path)
+            except FileNotFoundError:
+                pass
 
     async def exists(self, path: str) -> bool:
-        return bool(await self._call("exists", path))
+        with _mapped(f"lookup of {path}"):
+            return bool(await self._call("exists", path))
 
 
 class AsyncFsspecTracker(AsyncTrackerBase):
@@ -198,16 +344,18 @@ class AsyncFsspecTracker(AsyncTrackerBase):
         return posixpath.join(self._run_dir(run_id), *parts)
 
     async def _put_json(self, run_id: str, path: str, content: object) -> None:
-        try:
-            data = json.dumps(content).encode("utf-8")
-        except (TypeError, ValueError) as exc:
-            raise PermanentBackendError(f"cannot encode {path} as JSON: {exc}") from exc
-        await self._storage.put(path, data, self._path(run_id, TMP_DIR))
+        await self._storage.put(path, _encode_json(content, path), self._path(run_id, TMP_DIR))
 
     # -- writes ---------------------------------------------------------------------------------
     async def write_batch(self, run_id: str, batch: Batch) -> None:
+        """Writes the parts of ``batch`` not yet done. Any failure leaves as one
+        :class:`~async_tracker.errors.BackendError` naming the file (see :func:`map_error`)."""
+        with _mapped(f"write of run {run_id!r}"):
+            await self._write_batch(run_id, batch)
+
+    async def _write_batch(self, run_id: str, batch: Batch) -> None:
         if batch.metadata and "metadata" not in batch.done:
-            await self._write_metadata(run_id, batch.metadata, batch.names)
+            await self._write_metadata(run_id, batch.metadata, batch.names, batch.key)
             batch.done.add("metadata")
         for art in batch.artifacts.values():
             part = f"artifact:{art.name}"
@@ -220,27 +368,50 @@ class AsyncFsspecTracker(AsyncTrackerBase):
                 await self.add_source(run_id, src.source_run_id, src.artifact_name)
                 batch.done.add(part)
         if batch.metrics and "metrics" not in batch.done:
-            await self._write_segment(run_id, batch.metrics, batch.names)
+            await self._write_segment(run_id, batch.metrics, batch.names, batch.key)
             batch.done.add("metrics")
 
     async def _write_metadata(
-        self, run_id: str, metadata: Mapping[str, object], names: dict[str, str]
+        self, run_id: str, metadata: Mapping[str, object], names: dict[str, str], key: str = ""
     ) -> None:
         pid = os.getpid()
         state = self._metadata_state.get(run_id)
-        if state is None or state[0] != pid:
+        fresh = state is None or state[0] != pid
+        if state is None or fresh:
             state = (pid, {}, None)
         _, merged, previous = state
         merged = {**merged, **metadata}
-        name = names.setdefault("metadata", _names.new())
-        await self._put_json(run_id, self._path(run_id, METADATA_DIR, name), {"metadata": merged})
+        name = key or names.setdefault("metadata", _names.new())
+        path = self._path(run_id, METADATA_DIR, name)
+        if fresh and key:
+            # A file already under this batch's key was written by an earlier attempt at
+            # this batch: a replay after a crash, by a process that has no metadata state
+            # yet. That attempt's file held all its process had written before, and removed
+            # since: keep it, under this batch's values.
+            merged = {**await self._earlier_metadata(path), **merged}
+        await self._put_json(run_id, path, {"metadata": merged})
         self._metadata_state[run_id] = (pid, merged, name)
         if previous is not None and previous != name:
             # Superseded by the file just written, which holds all it held.
             await self._storage.rm(self._path(run_id, METADATA_DIR, previous))
 
+    async def _earlier_metadata(self, path: str) -> dict[str, object]:
+        try:
+            data = await self._storage.get(path)
+        except TransientBackendError:
+            raise
+        except PermanentBackendError as exc:  # a store that lets us write but not read
+            logger.debug("async_tracker: cannot read %s before replacing it: %s", path, exc)
+            return {}
+        if data is None:
+            return {}
+        try:
+            return _as_dict(json.loads(data)["metadata"])
+        except (ValueError, TypeError, KeyError, UnicodeError):
+            return {}
+
     async def _write_segment(
-        self, run_id: str, metrics: Sequence[TrackerMetric], names: dict[str, str]
+        self, run_id: str, metrics: Sequence[TrackerMetric], names: dict[str, str], key: str = ""
     ) -> None:
         columns: dict[str, tuple[list[int], list[float], list[float]]] = {}
         for name, value, step, ts in metrics:
@@ -250,12 +421,18 @@ class AsyncFsspecTracker(AsyncTrackerBase):
             col[0].append(step)
             col[1].append(value)
             col[2].append(ts)
-        lines = [
-            json.dumps({"name": n, "step": s, "value": v, "time": t})
+        where = self._path(run_id, METRICS_DIR)
+        data = b"".join(
+            _encode_json({"name": n, "step": s, "value": v, "time": t}, f"metric {n!r} in {where}")
+            + b"\n"
             for n, (s, v, t) in columns.items()
-        ]
-        data = ("\n".join(lines) + "\n").encode("utf-8")
-        name = names.setdefault("metrics", _names.new(".jsonl"))
+        )
+        if key:
+            # Named after the batch and what it holds: a replay of the batch overwrites its
+            # segment, and parts of a batch split by the lane do not overwrite each other.
+            name = f"{key}-{hashlib.sha1(data).hexdigest()[:12]}.jsonl"
+        else:
+            name = names.setdefault("metrics", _names.new(".jsonl"))
         await self._storage.put(
             self._path(run_id, METRICS_DIR, name), data, self._path(run_id, TMP_DIR)
         )
@@ -267,27 +444,38 @@ class AsyncFsspecTracker(AsyncTrackerBase):
         self, run_id: str, name: str, path: str, metadata: Mapping[str, object] | None = None
     ) -> None:
         # One file per artifact name: a later write replaces it, whatever order readers list.
-        file = self._path(run_id, ARTIFACTS_DIR, encode_run_id(name))
+        try:
+            file = self._path(run_id, ARTIFACTS_DIR, encode_run_id(name))
+        except UnicodeEncodeError as exc:  # a lone surrogate: no UTF-8 file name for it
+            raise RecordError(
+                f"fsspec cannot store artifact {name!r} of run {run_id!r}: {exc}"
+            ) from exc
         content = {"name": name, "path": path, "metadata": dict(metadata) if metadata else metadata}
         await self._put_json(run_id, file, content)
 
     async def _add_line(self, run_id: str, path: str, line: str) -> None:
         """Adds ``line`` to a small text file unless present (read, then one atomic write)."""
         old = await self._storage.get(path)
-        lines = old.decode("utf-8").split("\n")[:-1] if old else []
+        lines = old.decode("utf-8", errors="surrogateescape").split("\n")[:-1] if old else []
         if line in lines:
             return
         lines.append(line)
-        data = ("\n".join(lines) + "\n").encode("utf-8")
+        data = ("\n".join(lines) + "\n").encode("utf-8", errors="surrogateescape")
         await self._storage.put(path, data, self._path(run_id, TMP_DIR))
 
     async def add_source(
         self, run_id: str, source_id: str, artifact_name: str | None = None
     ) -> None:
         line = artifact_name or ""
-        await self._add_line(
-            run_id, self._path(run_id, SOURCES_DIR, encode_run_id(source_id)), line
-        )
+        try:
+            line.encode("utf-8")
+            source_file = encode_run_id(source_id)
+        except UnicodeEncodeError as exc:  # a lone surrogate: no UTF-8 name or line for it
+            raise RecordError(
+                f"fsspec cannot store source {source_id!r} (artifact {artifact_name!r}) of run "
+                f"{run_id!r}: {exc}"
+            ) from exc
+        await self._add_line(run_id, self._path(run_id, SOURCES_DIR, source_file), line)
         await self._add_line(
             source_id, self._path(source_id, DESCENDANTS_DIR, encode_run_id(run_id)), line
         )

@@ -74,10 +74,19 @@ except ImportError as _exc:  # pragma: no cover - depends on the environment
     ) from _exc
 
 from async_tracker.adapters import SyncTracker, run_blocking
+from async_tracker.backend.errors import (
+    chain,
+    http_status,
+    http_status_error,
+    is_network_failure,
+    leaves,
+    map_group,
+)
 from async_tracker.base import AsyncTrackerBase
 from async_tracker.errors import (
     BackendError,
     PermanentBackendError,
+    RecordError,
     TrackerConfigError,
     TransientBackendError,
 )
@@ -104,6 +113,9 @@ __all__ = [
     "flatten_params",
     "read_config",
 ]
+
+if sys.version_info < (3, 11):  # pragma: no cover - 3.10
+    from exceptiongroup import BaseExceptionGroup
 
 logger = logging.getLogger(__name__)
 
@@ -165,15 +177,31 @@ ENV_MLFLOW_TRACKING_URI = "MLFLOW_TRACKING_URI"
 DEFAULT_TRACKING_DIR = Path(tempfile.gettempdir()) / "async_tracker" / "mlflow"
 
 _KEY_RE = re.compile(r"^[/\w.\- :]*$" if os.name != "nt" else r"^[/\w.\- ]*$")
+# MLflow error codes (MlflowException.error_code) that may pass by themselves. INTERNAL_ERROR
+# is what the client says for a 500 answer, and for a request that failed on the way.
 _TRANSIENT_MLFLOW_CODES = frozenset(
     {
         "INTERNAL_ERROR",
         "TEMPORARILY_UNAVAILABLE",
         "DEADLINE_EXCEEDED",
         "REQUEST_LIMIT_EXCEEDED",
+        "RESOURCE_EXHAUSTED",
         "ABORTED",
         "IO_ERROR",
     }
+)
+# INVALID_PARAMETER_VALUE is about the entries of the request when its message says so (paths
+# of the entries in log_batch, MLflow's limits, immutable params); else (a run id, an
+# experiment, a search filter) it is about the backend.
+_RECORD_MESSAGE_RE = re.compile(
+    r"for parameter '(?:metrics|params|tags|key|value|name)\b"
+    r"|parameter '(?:metrics|params|tags)\["
+    r"|exceeds the maximum length"
+    r"|Changing param values is not allowed"
+    r"|Duplicate parameter keys"
+    r"|A batch logging request can contain at most"
+    r"|Batched logging API requests must be at most"
+    r"|Tag value cannot be None"
 )
 
 
@@ -392,49 +420,63 @@ def plan_requests(
 # Errors
 
 
-def _is_connection_failure(exc: BaseException) -> bool:
-    seen: set[int] = set()
-    cur: BaseException | None = exc
-    while cur is not None and id(cur) not in seen:
-        seen.add(id(cur))
-        mod = type(cur).__module__
-        if isinstance(cur, (ConnectionError, TimeoutError)):
-            return True
-        if mod.startswith(("requests", "urllib3")) and type(cur).__name__ in (
-            "ConnectionError",
-            "Timeout",
-            "ReadTimeout",
-            "ConnectTimeout",
-            "ChunkedEncodingError",
-            "ProtocolError",
-            "MaxRetryError",
-            "NewConnectionError",
-        ):
-            return True
-        cur = cur.__cause__ or cur.__context__
-    return False
+def _is_database_busy(exc: BaseException) -> bool:
+    """A SQLite store (local, or behind the server) busy with another writer."""
+    return any(
+        "database is locked" in str(cur) or "database table is locked" in str(cur)
+        for cur in chain(exc)
+    )
+
+
+def is_record_refusal(exc: BaseException) -> bool:
+    """Whether an ``INVALID_PARAMETER_VALUE`` is about entries of the request (a key, a
+    value, MLflow's limits, a param logged again with another value, a request too large)."""
+    return _RECORD_MESSAGE_RE.search(str(exc)) is not None
 
 
 def map_error(exc: BaseException, what: str) -> BackendError:
-    """The package's error for whatever the MLflow client raised: transient (retried by the
-    lane) for connection failures, timeouts and 5xx/429 answers; permanent otherwise."""
+    """The package's error for whatever the MLflow client (or its store) raised while doing
+    ``what``, naming it.
+
+    * transient: connection failures and timeouts (requests, urllib3), HTTP 408/429/5xx, the
+      MLflow codes INTERNAL_ERROR, TEMPORARILY_UNAVAILABLE, DEADLINE_EXCEEDED,
+      REQUEST_LIMIT_EXCEEDED, RESOURCE_EXHAUSTED, ABORTED, IO_ERROR, and a SQLite store's
+      "database is locked";
+    * about records (:class:`RecordError`, dropped alone by the lane): INVALID_PARAMETER_VALUE
+      about a key or value of the request (see :func:`is_record_refusal`);
+    * about the backend (the records are kept): RESOURCE_DOES_NOT_EXIST, PERMISSION_DENIED,
+      UNAUTHENTICATED, every other code, and any error not recognised.
+
+    Exception groups are unwrapped into one error (transient if any part is).
+    """
     if isinstance(exc, BackendError):
         return exc
+    if isinstance(exc, BaseExceptionGroup):
+        mapped = map_group(exc, lambda e: map_error(e, what))
+        if mapped is not None:
+            return mapped
     message = f"MLflow {what} failed: {type(exc).__name__}: {exc}"
-    if _is_connection_failure(exc):
-        return TransientBackendError(message)
     code = getattr(exc, "error_code", None)
+    if isinstance(code, str) and code not in message:
+        message += f" ({code})"
+    if is_network_failure(exc) or _is_database_busy(exc):
+        return TransientBackendError(message)
     if isinstance(code, str):  # an MlflowException
         if code in _TRANSIENT_MLFLOW_CODES:
             return TransientBackendError(message)
+        if code == "INVALID_PARAMETER_VALUE" and is_record_refusal(exc):
+            return RecordError(message)
         return PermanentBackendError(message)
+    status = http_status(exc)
+    if status is not None:
+        return http_status_error(status, message)
     mod = type(exc).__module__
     if mod.startswith("sqlalchemy") and type(exc).__name__ in (
         "OperationalError",
         "TimeoutError",
         "DisconnectionError",
     ):
-        return TransientBackendError(message)  # "database is locked" on a local SQLite store
+        return TransientBackendError(message)
     return PermanentBackendError(message)
 
 
@@ -555,6 +597,8 @@ class AsyncMLflowTracker(AsyncTrackerBase):
         def call() -> T:
             try:
                 return fn(*args)
+            except BackendError:
+                raise
             except Exception as exc:
                 raise map_error(exc, what) from exc
 
@@ -786,7 +830,26 @@ class AsyncMLflowTracker(AsyncTrackerBase):
 
     async def _send(self, run_id: str, requests: Sequence[_Request], batch: Batch) -> None:
         """Sends requests not yet in ``batch.done``, a few at a time. Each is marked done when
-        stored; a failure cancels the rest, and the lane's retry sends only what is missing."""
+        stored; a failure cancels the rest, and the lane's retry sends only what is missing.
+
+        Whatever fails leaves as one :class:`BackendError`, never an exception group: the
+        errors of the requests that failed together are combined (transient if any is)."""
+        try:
+            await self._send_requests(run_id, requests, batch)
+            return
+        except BaseExceptionGroup as group:
+            error = map_group(group, lambda e: map_error(e, "log_batch"))
+            if error is None:  # a cancellation or an interrupt: not a failure of MLflow
+                raise
+            if all(error is not leaf for leaf in leaves(group)):
+                error.__cause__ = group  # a combined error: the group shows each part
+        stored = sum(1 for i in range(len(requests)) if f"mlflow:{i}" in batch.done)
+        error.args = (f"{error} ({stored} of {len(requests)} requests of the flush stored)",)
+        raise error
+
+    async def _send_requests(
+        self, run_id: str, requests: Sequence[_Request], batch: Batch
+    ) -> None:
         parts = [(f"mlflow:{i}", r) for i, r in enumerate(requests)]
         todo = [(part, r) for part, r in parts if part not in batch.done]
         if not todo:
@@ -813,8 +876,12 @@ class AsyncMLflowTracker(AsyncTrackerBase):
         """Stores one flush in as few log_batch requests as MLflow's limits allow.
 
         Entries MLflow would refuse (a key too long, a value over 8000 characters ...) are
-        left out, the rest is stored, then :class:`PermanentBackendError` names them: one bad
-        key does not cost the thousands of metric points flushed with it.
+        left out, the rest is stored, then ``RecordError(refused=N)`` names them: one bad key
+        does not cost the thousands of metric points flushed with it, and the lane counts the
+        N entries as dropped without splitting and sending the batch again. N counts entries
+        (a metadata key, an artifact, a source, a metric point), at most ``batch.records``.
+
+        Any other failure leaves as one :class:`BackendError` (see :func:`map_error`).
         """
         # The time stamped on source tags, kept for retries: the requests of a retry must be
         # exactly those of the first attempt, since parts done are skipped by index.
@@ -828,9 +895,13 @@ class AsyncMLflowTracker(AsyncTrackerBase):
         metrics = self._metric_entries(batch.metrics, problems)
         await self._send(run_id, plan_requests(tags=tags, metrics=metrics), batch)
         if problems:
-            raise PermanentBackendError(
+            refused = len(problems)
+            if batch.records:
+                refused = min(refused, batch.records)
+            raise RecordError(
                 f"MLflow refused {len(problems)} entries of run {run_id!r} (the rest of the "
-                "flush was stored): " + "; ".join(problems)
+                "flush was stored): " + "; ".join(problems),
+                refused=refused,
             )
 
     def _metadata_tags(
@@ -897,7 +968,7 @@ class AsyncMLflowTracker(AsyncTrackerBase):
         """Logs MLflow params (immutable in MLflow: a key logged again must keep its value)."""
         problems = [p for k, v in params.items() if (p := _param_problem(k, v))]
         if problems:
-            raise PermanentBackendError("; ".join(problems))
+            raise RecordError("; ".join(problems))
         requests = plan_requests(params=sorted(params.items()))
         await self._send(run_id, requests, Batch(0))
 

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 import math
+import sqlite3
+import sys
 import threading
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -38,8 +40,17 @@ from async_tracker.backend.mlflow import (
     plan_requests,
     run_key,
 )
-from async_tracker.errors import PermanentBackendError, TransientBackendError
+from async_tracker.errors import (
+    BackendError,
+    PermanentBackendError,
+    RecordError,
+    TransientBackendError,
+    classify,
+)
 from tests.mlflow.server import free_port
+
+if sys.version_info < (3, 11):  # pragma: no cover - 3.10
+    from exceptiongroup import ExceptionGroup
 
 FAST_RETRY = RetryPolicy(
     max_attempts=3, initial_backoff_s=0, max_backoff_s=0, jitter_s=0, cooldown_s=3600
@@ -228,6 +239,7 @@ def test_apprun_write_path_stores_the_rest_and_reports_what_mlflow_refuses(
         report = run.flush()
     assert not report.ok
     assert "MLflow refused 1 entries" in report.errors["mlflow"]
+    assert "RecordError" in report.errors["mlflow"]
     assert "300 characters" in report.errors["mlflow"]
     assert "InMemoryTracker" not in report.errors
     # What MLflow can take was stored: one bad key does not cost the metrics.
@@ -278,7 +290,7 @@ def test_exiting_on_exception_sees_the_propagating_exception() -> None:
 
 
 # -- errors ----------------------------------------------------------------------------------------
-def test_connection_failures_are_transient_and_refusals_permanent(
+def test_connection_failures_are_transient_and_refusals_are_about_records(
     tracker: MLflowTracker,
 ) -> None:
     dead = AsyncMLflowTracker("x", f"http://127.0.0.1:{free_port()}")
@@ -288,38 +300,201 @@ def test_connection_failures_are_transient_and_refusals_permanent(
 
     tracker.log_params_flat("r", {"lr": 0.1})
     tracker.log_params_flat("r", {"lr": 0.1})  # the same value again is fine
-    with pytest.raises(PermanentBackendError, match="INVALID_PARAMETER_VALUE"):
+    with pytest.raises(RecordError, match="INVALID_PARAMETER_VALUE") as info:
         tracker.log_params_flat("r", {"lr": 0.2})  # MLflow params are immutable
+    assert "Changing param values is not allowed" in str(info.value)
+    assert classify(info.value) == "record"
+
+
+async def test_entries_mlflow_would_refuse_are_counted_and_the_rest_stored(
+    tracking_uri: str, experiment_name: str, client: Any
+) -> None:
+    backend = AsyncMLflowTracker(experiment_name, tracking_uri)
+    metrics = [TrackerMetric("loss", float(i), i, 1_700_000_000 + i) for i in range(100)]
+    metrics.append(TrackerMetric("bad@name", 1.0, 0, 1_700_000_000))
+    batch = Batch(
+        0,
+        metadata={"good": 1, "too_long": "x" * 9000, "k" * 251: 1},
+        artifacts={"model": TrackerArtifact("model", "/m", {"blob": "y" * 8000})},
+        metrics=metrics,
+        records=104,
+    )
+    with pytest.raises(RecordError) as info:
+        await backend.write_batch("refused", batch)
+    error = info.value
+    assert error.refused == 4  # two metadata keys, the artifact, the metric point
+    assert classify(error) == "record"
+    message = str(error)
+    assert "MLflow refused 4 entries" in message and "'too_long'" in message
+    assert "'model'" in message and "bad@name" in message
+    # The rest is stored, once: a retry of the batch sends nothing again.
+    assert await backend.metadata("refused") == {"good": 1}
+    assert await backend.artifacts("refused") == {}
+    assert len((await backend.metrics("refused"))["loss"]) == 100
+    assert batch.done == {"mlflow:0"}
+    await backend.aclose()
+
+
+async def test_refused_is_at_most_the_records_of_the_batch() -> None:
+    backend = AsyncMLflowTracker("x", f"http://127.0.0.1:{free_port()}")
+    # One add_metadata call (one record) with two keys MLflow refuses: nothing to send, so
+    # no request reaches the (absent) server.
+    batch = Batch(0, metadata={"a" * 300: 1, "b" * 300: 2}, records=1)
+    with pytest.raises(RecordError) as info:
+        await backend.write_batch("r", batch)
+    assert info.value.refused == 1
+
+
+def mlflow_error(code: int, message: str = "x") -> Exception:
+    from mlflow.exceptions import MlflowException
+
+    return MlflowException(message, error_code=code)
+
+
+def rest_error(code: str, message: str) -> Exception:
+    """What the client raises for a JSON error answer of the server."""
+    from mlflow.exceptions import RestException
+
+    return RestException({"error_code": code, "message": message})
 
 
 def test_map_error_by_mlflow_error_code() -> None:
+    from mlflow.protos import databricks_pb2 as codes
+
+    cases: list[tuple[Exception, type[BackendError]]] = [
+        (mlflow_error(codes.TEMPORARILY_UNAVAILABLE), TransientBackendError),
+        (mlflow_error(codes.INTERNAL_ERROR), TransientBackendError),
+        (mlflow_error(codes.REQUEST_LIMIT_EXCEEDED), TransientBackendError),
+        (mlflow_error(codes.RESOURCE_EXHAUSTED), TransientBackendError),
+        (mlflow_error(codes.DEADLINE_EXCEEDED), TransientBackendError),
+        (mlflow_error(codes.RESOURCE_DOES_NOT_EXIST), PermanentBackendError),
+        (mlflow_error(codes.PERMISSION_DENIED), PermanentBackendError),
+        (mlflow_error(codes.UNAUTHENTICATED), PermanentBackendError),
+        (mlflow_error(codes.CUSTOMER_UNAUTHORIZED), PermanentBackendError),
+        (mlflow_error(codes.BAD_REQUEST), PermanentBackendError),
+        # INVALID_PARAMETER_VALUE: about a record when the message says so ...
+        (
+            rest_error(
+                "INVALID_PARAMETER_VALUE",
+                "Invalid value \"x@y\" for parameter 'metrics[3].name' supplied: Names may "
+                "only contain alphanumerics, underscores (_), dashes (-), periods (.), "
+                "spaces ( ), colon(:) and slashes (/).",
+            ),
+            RecordError,
+        ),
+        (
+            rest_error(
+                "INVALID_PARAMETER_VALUE",
+                "'tags[0].value' exceeds the maximum length of 8000 characters",
+            ),
+            RecordError,
+        ),
+        (
+            mlflow_error(
+                codes.INVALID_PARAMETER_VALUE,
+                "'Param key' exceeds the maximum length of 250 characters",
+            ),
+            RecordError,
+        ),
+        (
+            rest_error(
+                "INVALID_PARAMETER_VALUE",
+                "Changing param values is not allowed. Param with key='lr' was already "
+                "logged with value='0.1' for run ID='abc'. Attempted logging new value '0.2'.",
+            ),
+            RecordError,
+        ),
+        (
+            rest_error(
+                "INVALID_PARAMETER_VALUE",
+                "A batch logging request can contain at most 1000 metrics. Got 1001 metrics.",
+            ),
+            RecordError,
+        ),
+        # ... and about the backend otherwise (never a RecordError for what is unknown).
+        (
+            rest_error(
+                "INVALID_PARAMETER_VALUE", "Invalid value 123 for parameter 'run_id' supplied."
+            ),
+            PermanentBackendError,
+        ),
+        (mlflow_error(codes.INVALID_PARAMETER_VALUE, "x"), PermanentBackendError),
+        (ValueError("bad"), PermanentBackendError),
+        (KeyError("k"), PermanentBackendError),
+    ]
+    for exc, kind in cases:
+        mapped = map_error(exc, "log_batch")
+        assert type(mapped) is kind, (exc, mapped)
+        assert str(mapped).startswith("MLflow log_batch failed: ")
+
+
+def test_map_error_of_connections_statuses_and_locked_databases(tmp_path: Path) -> None:
     import requests
+    import sqlalchemy.exc
     from mlflow.exceptions import MlflowException
     from mlflow.protos import databricks_pb2 as codes
 
-    assert isinstance(
-        map_error(MlflowException("x", error_code=codes.TEMPORARILY_UNAVAILABLE), "w"),
-        TransientBackendError,
-    )
-    assert isinstance(
-        map_error(MlflowException("x", error_code=codes.INVALID_PARAMETER_VALUE), "w"),
-        PermanentBackendError,
-    )
-    assert isinstance(
-        map_error(MlflowException("x", error_code=codes.RESOURCE_DOES_NOT_EXIST), "w"),
-        PermanentBackendError,
-    )
     assert isinstance(map_error(requests.ConnectionError("refused"), "w"), TransientBackendError)
+    assert isinstance(map_error(requests.ReadTimeout("slow"), "w"), TransientBackendError)
     try:
         try:
             raise requests.exceptions.ConnectionError("refused")
-        except Exception:
+        except Exception as inner:
             # what mlflow.utils.rest_utils.http_request raises on a connection failure
-            raise MlflowException("API request failed with exception refused") from None
+            raise MlflowException(f"API request failed with exception {inner}") from None
     except MlflowException as exc:
         exc.__context__ = requests.exceptions.ConnectionError("refused")
         assert isinstance(map_error(exc, "w"), TransientBackendError)
-    assert isinstance(map_error(ValueError("bad"), "w"), PermanentBackendError)
+
+    for status, kind in [
+        (429, TransientBackendError),
+        (503, TransientBackendError),
+        (500, TransientBackendError),
+        (413, RecordError),
+        (403, PermanentBackendError),
+        (404, PermanentBackendError),
+    ]:
+        response = requests.Response()
+        response.status_code = status
+        error = requests.HTTPError(f"{status} answer", response=response)
+        assert type(map_error(error, "w")) is kind, status
+
+    # A SQLite store locked by another writer (a real lock, on a real file; MLflow's own
+    # store waits 20 s for it before failing, too long for a test).
+    path = tmp_path / "store.db"
+    holder = sqlite3.connect(path, isolation_level=None)
+    holder.execute("create table t (x)")
+    holder.execute("begin exclusive")
+    other = sqlite3.connect(path, timeout=0)
+    try:
+        with pytest.raises(sqlite3.OperationalError) as locked:
+            other.execute("insert into t values (1)")
+    finally:
+        other.close()
+        holder.execute("rollback")
+        holder.close()
+    assert "database is locked" in str(locked.value)
+    assert isinstance(map_error(locked.value, "w"), TransientBackendError)
+    wrapped = sqlalchemy.exc.OperationalError("insert", {}, locked.value)
+    # MLflow's store says TEMPORARILY_UNAVAILABLE; other paths say otherwise: the message
+    # decides.
+    as_mlflow = MlflowException(str(wrapped), error_code=codes.BAD_REQUEST)
+    assert isinstance(map_error(as_mlflow, "w"), TransientBackendError)
+    assert isinstance(map_error(wrapped, "w"), TransientBackendError)
+
+
+def test_map_error_unwraps_exception_groups() -> None:
+    from mlflow.protos import databricks_pb2 as codes
+
+    transient = mlflow_error(codes.TEMPORARILY_UNAVAILABLE)
+    denied = mlflow_error(codes.PERMISSION_DENIED)
+    refused = rest_error("INVALID_PARAMETER_VALUE", "Duplicate parameter keys have been sent")
+    group = ExceptionGroup("flush", [denied, ExceptionGroup("inner", [transient])])
+    mapped = map_error(group, "log_batch")
+    assert type(mapped) is TransientBackendError  # transient if any part is
+    assert "PERMISSION_DENIED" in str(mapped)
+    assert type(map_error(ExceptionGroup("f", [denied, refused]), "w")) is PermanentBackendError
+    assert type(map_error(ExceptionGroup("f", [refused, refused]), "w")) is RecordError
 
 
 def test_http_client_fails_fast_unless_the_user_chose(
