@@ -40,11 +40,15 @@ from async_tracker import (
     AppRun,
     AsyncTrackerBase,
     Batch,
+    Lineage,
+    RecordError,
     RetryPolicy,
     TrackerArtifact,
     TrackerMetric,
     TrackerSource,
+    TransientBackendError,
 )
+from async_tracker.errors import classify
 
 T0 = 1_700_000_000.0  # a fixed, whole-second epoch time for points written directly
 
@@ -89,12 +93,77 @@ def artifact_fields(artifacts: Mapping[str, TrackerArtifact]) -> dict[str, tuple
     }
 
 
+class FlakyProxy(AsyncTrackerBase):
+    """A backend in front of another: its first ``fail`` writes raise ``transient``, and a
+    batch holding a point whose value is ``poison`` raises ``refused``; every other call goes
+    to the backend's own methods (its bulk ``write_batch`` included)."""
+
+    def __init__(
+        self, inner: AsyncTrackerBase, transient: BaseException, refused: BaseException,
+        fail: int, poison: float,
+    ) -> None:
+        self.inner = inner
+        self.name = "flaky"
+        self.transient, self.refused = transient, refused
+        self.fail, self.poison = fail, poison
+        self.writes = 0
+
+    async def write_batch(self, run_id: str, batch: Batch) -> None:
+        self.writes += 1
+        if self.writes <= self.fail:
+            raise self.transient
+        if any(m.value == self.poison for m in batch.metrics):
+            raise self.refused
+        await self.inner.write_batch(run_id, batch)
+
+    async def add_artifact(
+        self, run_id: str, name: str, path: str, metadata: Mapping[str, object] | None = None
+    ) -> None:
+        await self.inner.add_artifact(run_id, name, path, metadata)
+
+    async def artifacts(self, run_id: str) -> Mapping[str, TrackerArtifact]:
+        return await self.inner.artifacts(run_id)
+
+    async def add_metadata(self, run_id: str, **kwargs: object) -> None:
+        await self.inner.add_metadata(run_id, **kwargs)
+
+    async def metadata(self, run_id: str) -> Mapping[str, object]:
+        return await self.inner.metadata(run_id)
+
+    async def add_source(
+        self, run_id: str, source_id: str, artifact_name: str | None = None
+    ) -> None:
+        await self.inner.add_source(run_id, source_id, artifact_name)
+
+    async def sources(
+        self, run_id: str, artifact_name: str | None = None
+    ) -> Iterable[TrackerSource]:
+        return await self.inner.sources(run_id, artifact_name)
+
+    async def lineage(self, run_id: str) -> Lineage:
+        return await self.inner.lineage(run_id)
+
+    async def run_ids(self, **kwargs: str) -> Iterable[str]:
+        return await self.inner.run_ids(**kwargs)
+
+    async def add_metrics(self, run_id: str, metrics: Sequence[TrackerMetric]) -> None:
+        await self.inner.add_metrics(run_id, metrics)
+
+    async def metrics(self, run_id: str) -> Mapping[str, Sequence[TrackerMetric]]:
+        return await self.inner.metrics(run_id)
+
+
 class BackendConformance:
     """The tests every backend passes. Subclasses provide the ``backend`` fixture."""
 
     @pytest.fixture
     def backend(self) -> AsyncTrackerBase:
         raise NotImplementedError("a BackendConformance subclass must define a backend fixture")
+
+    def mapped_faults(self) -> tuple[BaseException, BaseException]:
+        """What this backend raises, through its own error mapping, for a passing outage and
+        for a value it cannot store (backends with a library override this)."""
+        return TransientBackendError("outage"), RecordError("cannot store this value")
 
     @pytest.fixture
     def run_id(self) -> str:
@@ -382,3 +451,24 @@ class BackendConformance:
         final = await backend.metrics(run_id)
         assert [p.step for p in final["loss"]] == [0, 1, 2, 3, 4, 99]
         assert run_id in set(await backend.run_ids(parent_run_id=parent))
+
+    async def test_apprun_retries_the_mapped_faults_and_drops_only_the_refused_point(
+        self, backend: AsyncTrackerBase, run_id: str
+    ) -> None:
+        # The lane's real retry path (tenacity, rounds, the split of a refused batch) over
+        # the backend's own bulk write, with the errors its mapping produces.
+        transient, refused = self.mapped_faults()
+        assert classify(transient) == "transient" and classify(refused) == "record"
+        flaky = FlakyProxy(backend, transient, refused, fail=2, poison=-1.0)
+        retry = RetryPolicy(max_attempts=5, initial_backoff_s=0, max_backoff_s=0, jitter_s=0)
+        async with AppRun(run_id, [flaky], flush_interval=3600, retry=retry) as run:
+            run.add_metadata(phase="flaky")
+            for step in range(50):
+                run.log_metric("loss", -1.0 if step == 7 else float(step), step=step)
+            report = await run.aflush()
+        assert report.delivered == 50 and report.dropped == 1, report
+        assert report.refused["flaky"] and "records" in report.refused["flaky"][0]
+        assert run.status().backends["flaky"].retries >= 2
+        steps = [p.step for p in (await backend.metrics(run_id))["loss"]]
+        assert steps == [s for s in range(50) if s != 7]  # each once, in order
+        assert dict(await backend.metadata(run_id)) == {"phase": "flaky"}

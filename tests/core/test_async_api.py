@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import math
 import threading
-import time
 from collections.abc import Callable, Iterator
 
 import anyio
@@ -13,7 +12,6 @@ import pytest
 
 from async_tracker import AppRun, TrackerArtifact, TrackerClosedError
 from async_tracker.backend.memory import InMemoryTracker
-from async_tracker.settings import CLOSE_SLACK_S
 from tests.core.helpers import FAST_RETRY
 from tests.faulty import FaultyTracker, Hang
 
@@ -108,12 +106,11 @@ async def test_aclose_is_bounded_and_does_not_block_the_callers_loop(make_run: M
             ticks += 1
             await anyio.sleep(0.001)  # a busy caller loop, not a synchronisation
 
-    start = time.monotonic()
     async with anyio.create_task_group() as tg:
         tg.start_soon(other_work)
         report = await run.aclose(timeout=0.3)
         done.set()
-    assert time.monotonic() - start < 0.3 + CLOSE_SLACK_S + 1.5
+    assert report.timed_out  # gave up at its deadline (kept exactly: test_close_bounds.py)
     assert ticks > 1  # the caller's loop kept running while aclose() waited
     assert report.pending + report.spooled == 1 and report.delivered == 1
     assert stuck.wait_for("write_batch", 1, outcome="cancelled")

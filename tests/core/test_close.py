@@ -1,29 +1,27 @@
-"""close(timeout) is bounded whatever the backends do, and the process still exits promptly.
+"""close(timeout) returns whatever the backends do, and the process still exits by itself.
 
 Records a close() could not deliver are reported as pending, or as spooled once a spool
 exists: the tests count them together (``undelivered``).
 
-Elapsed times are checked against the contract (the timeout plus ``CLOSE_SLACK_S``) with a
-generous margin for slow machines: they test that close() does not wait for a hung backend,
-not how fast it is.
+No test here measures time: that close() returns at all is what the tests show (a hang is
+caught by the harness's timeouts), and ``report.timed_out`` that it gave up at its deadline.
+That the deadline is kept to the letter is proved under a virtual clock, in
+``test_close_bounds.py`` and by the simulator.
 """
 
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Callable, Iterator
 
 import pytest
 
 from async_tracker import AppRun, FlushReport, TrackerClosedError, TrackerMetric
 from async_tracker.backend.memory import InMemoryTracker
-from async_tracker.settings import CLOSE_SLACK_S
 from tests.core.helpers import Child
 from tests.faulty import BlockLoop, FaultyTracker, Hang, HangingTracker, RefuseIf, Slow
 
 MakeRun = Callable[..., AppRun]
-MARGIN_S = 1.5
 
 
 @pytest.fixture
@@ -38,12 +36,6 @@ def undelivered(report: FlushReport) -> int:
     return report.pending + report.spooled
 
 
-def timed_close(run: AppRun, timeout: float) -> tuple[float, FlushReport]:
-    start = time.monotonic()
-    report = run.close(timeout=timeout)
-    return time.monotonic() - start, report
-
-
 def test_close_with_a_sync_backend_hanging_in_its_thread(
     make_run: MakeRun, release: threading.Event
 ) -> None:
@@ -52,8 +44,7 @@ def test_close_with_a_sync_backend_hanging_in_its_thread(
     run = make_run("r", [hung, mem])
     run.add_metadata(a=1)
     run.log_metric("x", 1.0)
-    elapsed, report = timed_close(run, 0.3)
-    assert elapsed < 0.3 + CLOSE_SLACK_S + MARGIN_S
+    report = run.close(timeout=0.3)
     assert hung.entered.is_set()  # it really was stuck in its thread
     assert report.timed_out
     # The hung backend has no metric method: it holds 1 record, the other delivered 2.
@@ -77,8 +68,7 @@ def test_close_with_an_async_backend_awaiting_forever(make_run: MakeRun) -> None
     run = make_run("r", [stuck, mem])
     for i in range(10):
         run.log_metric("x", float(i), step=i)
-    elapsed, report = timed_close(run, 0.3)
-    assert elapsed < 0.3 + CLOSE_SLACK_S + MARGIN_S
+    report = run.close(timeout=0.3)
     assert hang.entered.is_set()
     assert undelivered(report) == 10 and report.delivered == 10
     # The hung call was cancelled, not left running on the loop.
@@ -90,8 +80,7 @@ def test_close_with_endless_transient_failures(make_run: MakeRun) -> None:
     down = FaultyTracker(name="down").always("add_metadata", Hang())
     run = make_run("r", [down])
     run.add_metadata(a=1)
-    elapsed, report = timed_close(run, 0.2)
-    assert elapsed < 0.2 + CLOSE_SLACK_S + MARGIN_S
+    report = run.close(timeout=0.2)
     assert undelivered(report) == 1
 
 
@@ -107,15 +96,12 @@ def test_close_with_a_backend_blocking_the_tracker_loop(
     run.flush(timeout=0)  # hands the batch to the lane, which then blocks the loop
     assert block.entered.wait(10)
     try:
-        elapsed, report = timed_close(run, 0.2)
-        assert elapsed < 0.2 + CLOSE_SLACK_S + MARGIN_S
+        report = run.close(timeout=0.2)
         assert report.timed_out and not report.ok
 
         other = make_run("other", [InMemoryTracker()])
-        start = time.monotonic()
-        other.add_metadata(b=2)  # the first write of a run must not wait for the loop
+        other.add_metadata(b=2)  # the first write of a run returns though the loop is stuck
         other.log_metric("y", 1.0)
-        assert time.monotonic() - start < MARGIN_S
     finally:
         release.set()
     assert other.flush().ok
@@ -233,12 +219,10 @@ def test_close_of_many_runs_shares_one_deadline(make_run: MakeRun) -> None:
     runs = [make_run(f"r{i}", [FaultyTracker().always("write_batch", Hang())]) for i in range(5)]
     for run in runs:
         run.add_metadata(a=1)
-    start = time.monotonic()
     shutdown.close_all(timeout=0.3)
-    # Closed concurrently: five hung runs cost one timeout, not five.
-    assert time.monotonic() - start < 0.3 + CLOSE_SLACK_S + MARGIN_S
+    # Closed concurrently, to one deadline: each gave up at it.
     assert all(r.closed for r in runs)
-    assert all(undelivered(r.close()) == 1 for r in runs)
+    assert all(r.close().timed_out and undelivered(r.close()) == 1 for r in runs)
 
 
 HANG_SCRIPT = """
@@ -256,10 +240,9 @@ mem = InMemoryTracker()
 run = AppRun("r", [hung, mem], flush_interval=3600)
 run.add_metadata(a=1)
 run.add_source("p")
-start = time.monotonic()
 report = run.close(timeout=0.5)
 undelivered = report.pending + report.spooled
-print(f"closed {time.monotonic() - start:.3f} {undelivered} {report.delivered}", flush=True)
+print(f"closed {report.timed_out} {undelivered} {report.delivered}", flush=True)
 # Exit without any further help: the hung thread and the tracker loop must not hold us.
 """
 
@@ -269,13 +252,10 @@ def test_process_exits_promptly_after_close_with_a_hung_backend(
     child: Callable[..., Child], kind: str
 ) -> None:
     proc = child(HANG_SCRIPT, kind)
-    word, elapsed, pending, delivered = proc.readline().split()
-    assert word == "closed"
-    assert float(elapsed) < 0.5 + CLOSE_SLACK_S + MARGIN_S
+    word, timed_out, pending, delivered = proc.readline().split()
+    assert (word, timed_out) == ("closed", "True")
     assert (int(pending), int(delivered)) == (2, 2)
-    start = time.monotonic()
-    assert proc.wait(timeout=10) == 0, proc.stderr()
-    assert time.monotonic() - start < 5.0
+    assert proc.wait(timeout=30) == 0, proc.stderr()  # exits by itself
 
 
 EXIT_WITHOUT_CLOSE_SCRIPT = """
@@ -293,9 +273,7 @@ print("ready", flush=True)
 def test_exit_hook_is_bounded_by_close_timeout(child: Callable[..., Child]) -> None:
     proc = child(EXIT_WITHOUT_CLOSE_SCRIPT)
     assert proc.readline() == "ready"
-    start = time.monotonic()
-    assert proc.wait(timeout=15) == 0, proc.stderr()
-    assert time.monotonic() - start < 0.5 + CLOSE_SLACK_S + 5.0
+    assert proc.wait(timeout=30) == 0, proc.stderr()  # exits by itself
     err = proc.stderr()
     assert "closed with" in err  # and said what it could not deliver
     assert "pending=1" in err or "spooled=1" in err

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import errno
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -11,17 +12,26 @@ import fsspec
 import pytest
 
 from async_tracker import AppRun, AsyncTrackerBase
-from async_tracker.backend.fsspec import AsyncFsspecTracker, create
+from async_tracker.backend.fsspec import AsyncFsspecTracker, create, map_error
 from tests.conformance import BackendConformance
 
 
-class TestFsspecFile(BackendConformance):
+class FsspecFaults:
+    """The faults of the conformance suite's retry test, as fsspec's mapping makes them."""
+
+    def mapped_faults(self) -> tuple[BaseException, BaseException]:
+        outage = map_error(ConnectionResetError(errno.ECONNRESET, "reset by peer"), "write of x")
+        too_big = map_error(OSError(errno.EFBIG, "File too large"), "write of x")
+        return outage, too_big
+
+
+class TestFsspecFile(FsspecFaults, BackendConformance):
     @pytest.fixture
     def backend(self, tmp_path: Path) -> AsyncTrackerBase:
         return AsyncFsspecTracker(fsspec.filesystem("file"), str(tmp_path / "store"))
 
 
-class TestFsspecMemory(BackendConformance):
+class TestFsspecMemory(FsspecFaults, BackendConformance):
     @pytest.fixture
     def backend(self) -> Iterator[AsyncTrackerBase]:
         fs = fsspec.filesystem("memory")
@@ -31,7 +41,7 @@ class TestFsspecMemory(BackendConformance):
             fs.rm(root, recursive=True)
 
 
-class TestFsspecS3(BackendConformance):
+class TestFsspecS3(FsspecFaults, BackendConformance):
     @pytest.fixture
     def backend(self, s3_config: str) -> AsyncTrackerBase:
         tracker = create(s3_config).async_tracker

@@ -7,13 +7,29 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
+import requests
+from mlflow.exceptions import MlflowException
+from mlflow.protos.databricks_pb2 import INVALID_PARAMETER_VALUE
 
 from async_tracker import AsyncTrackerBase
-from async_tracker.backend.mlflow import AsyncMLflowTracker
+from async_tracker.backend.mlflow import AsyncMLflowTracker, map_error
 from tests.conformance import BackendConformance
 
 
-class TestMLflowConformance(BackendConformance):
+class MLflowFaults:
+    """The faults of the conformance suite's retry test, as the MLflow mapping makes them."""
+
+    def mapped_faults(self) -> tuple[BaseException, BaseException]:
+        outage = map_error(requests.exceptions.ConnectionError("connection refused"), "log_batch")
+        too_long = map_error(
+            MlflowException("Tag value exceeds the maximum length of 8000 characters",
+                            error_code=INVALID_PARAMETER_VALUE),
+            "log_batch",
+        )
+        return outage, too_long
+
+
+class TestMLflowConformance(MLflowFaults, BackendConformance):
     @pytest.fixture
     async def backend(self, tracking_uri: str) -> AsyncIterator[AsyncTrackerBase]:
         # One experiment for the class: run ids are unique per test (the run_id fixture).
@@ -30,7 +46,7 @@ def sqlite_uri(tmp_path_factory: pytest.TempPathFactory) -> str:
 # MLflow's SQL store uses SQLAlchemy APIs SQLAlchemy 2.1 deprecates; our warnings-are-errors
 # setting would turn that into a failed write. (Through a server, it warns in the server.)
 @pytest.mark.filterwarnings("ignore::sqlalchemy.exc.SADeprecationWarning")
-class TestMLflowLocalSqliteConformance(BackendConformance):
+class TestMLflowLocalSqliteConformance(MLflowFaults, BackendConformance):
     @pytest.fixture
     async def backend(
         self, sqlite_uri: str, tmp_path: Path
