@@ -14,6 +14,7 @@ costs a training loop that shares the GIL with it.
 from __future__ import annotations
 
 import functools
+import itertools
 import operator
 import time
 from collections.abc import Sequence
@@ -23,6 +24,7 @@ from async_tracker.records import Batch, TrackerArtifact, TrackerMetric, Tracker
 
 _NAME = operator.itemgetter(0)
 _STEP = operator.itemgetter(2)
+_METRIC = itertools.repeat(TrackerMetric)
 # Builds a TrackerMetric from a 4-tuple without its Python __new__ (a C call per point).
 _as_metric = functools.partial(tuple.__new__, TrackerMetric)
 
@@ -49,20 +51,18 @@ class Cutter:
         seq = first + len(records) - 1
         self.next_seq = seq + 1
         batch = Batch(seq, records=len(records), first=first, key=self._key(seq))
-        if set(map(len, records)) == {4}:
-            self._metrics_only(records, batch)
-        else:
-            self._mixed(records, batch)
-        return batch
-
-    def _metrics_only(self, records: Sequence[Record], batch: Batch) -> None:
-        steps = list(map(_STEP, records))
+        try:
+            # Only metric records have a third item: any other record ends the fast path.
+            steps = list(map(_STEP, records))
+        except IndexError:
+            steps = [None]
         if None in steps:
-            self._mixed(records, batch)  # step-less points need the per-record loop
-            return
-        # The last step of each name is its last point's: dict.update keeps the last.
-        self.last_step.update(zip(map(_NAME, records), steps))
-        batch.metrics = list(map(_as_metric, records))
+            self._mixed(records, batch)  # others, or step-less points: the per-record loop
+        else:
+            # The last step of each name is its last point's: dict.update keeps the last.
+            self.last_step.update(zip(map(_NAME, records), steps))
+            batch.metrics = list(map(tuple.__new__, _METRIC, records))
+        return batch
 
     def _mixed(self, records: Sequence[Record], batch: Batch) -> None:
         metadata = batch.metadata
