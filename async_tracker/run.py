@@ -61,7 +61,7 @@ from async_tracker.records import (
     check_name,
     check_source,
 )
-from async_tracker.report import FlushReport, TrackerStatus
+from async_tracker.report import BackendStatus, FlushReport, TrackerStatus
 from async_tracker.retry import RetryPolicy
 from async_tracker.settings import CLOSE_SLACK_S, OverflowPolicy, RunOptions
 from async_tracker.spool import check_run_id, default_spool_dir, has_spool
@@ -355,7 +355,9 @@ class AppRun:
             # that the final drain sees every write that returned normally.
             pipeline.closed = True
             pipeline._room.set()
-            if not wait_for_writers(_WRITE_CODES, min(timeout, 1.0)):
+            # Bounded: at least a moment (a writer needs only its next turn at the GIL), at
+            # most a second; within close()'s slack even for close(timeout=0).
+            if not wait_for_writers(_WRITE_CODES, min(max(timeout, 0.1), 1.0)):
                 logger.warning("async_tracker: run %r: a writer is stuck in a write", self.id)
         shutdown.release(self)
         flusher = self._flusher
@@ -421,7 +423,12 @@ class AppRun:
         """Per backend: buffered, in flight, delivered, dropped, retries, last error, lag.
         Reads counters only; never waits for the tracker loop."""
         if self._flusher is None:
-            return TrackerStatus(self.id, self.closed)
+            # Nothing written yet: every backend, idle.
+            idle = {
+                name: BackendStatus(name, 0, 0, 0, 0, 0, 0, None, 0.0, True)
+                for name in self._names
+            }
+            return TrackerStatus(self.id, self.closed, idle)
         return self._flusher.status()
 
     def __enter__(self) -> AppRun:
@@ -479,7 +486,9 @@ class AppRun:
         backend, lanes = reader
         if self._flusher is not None and not self.closed:
             # Only the lane we read from: a slow second backend must not delay this read.
-            await self._flusher.flush(None, lanes)
+            # Bounded like close(): a hung backend delays a read, never holds it forever
+            # (the read then may miss this process's latest writes).
+            await self._flusher.flush(self.options.close_timeout, lanes)
         return await getattr(backend, method)(self.id, *args)
 
     def _read_sync(self, method: str, *args: Any) -> Any:
