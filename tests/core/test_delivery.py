@@ -171,3 +171,34 @@ def test_a_read_does_not_replay_another_runs_spool(make_run: MakeRun, tmp_path: 
     assert source.parent.metrics() == {}  # read through the backend only
     assert segments(tmp_path)  # untouched by the read
     assert store.points("parent", "m") == []
+
+
+def test_a_lane_that_dies_keeps_its_records_and_stops_nothing_else(
+    make_run: MakeRun, tmp_path: Path
+) -> None:
+    # Supervision: a bug in one lane (here: its write step raises) stops that lane alone.
+    broken, fine, other = InMemoryTracker(name="broken"), InMemoryTracker(name="fine"), (
+        InMemoryTracker(name="other")
+    )
+    run = make_run("r", [broken, fine], spool_dir=str(tmp_path))
+    neighbour = make_run("n", [other], spool_dir=str(tmp_path))
+    run.add_metadata(start=True)
+    assert run.flush().ok
+    assert run._flusher is not None
+    lane = run._flusher.lanes[0]
+
+    async def bug(entry: object) -> bool:
+        raise RuntimeError("a bug in the lane")
+
+    lane._attempt = bug  # type: ignore[method-assign]
+    for i in range(10):
+        run.log_metric("m", float(i), step=i)
+        neighbour.log_metric("m", float(i), step=i)
+    report = run.flush(30)
+    assert not report.ok and "lane stopped" in report.errors["broken"]
+    assert report.pending == 10 and report.delivered == 2 + 10  # fine took everything
+    assert neighbour.flush(30).ok and len(other.points("n", "m")) == 10
+    closed = run.close(5)
+    assert closed.spooled == 10 and closed.pending == 0  # kept: on disk for the next start
+    with AppRun("r", [InMemoryTracker(name="broken")], spool_dir=str(tmp_path)) as again:
+        assert again.flush(30).delivered == 10
