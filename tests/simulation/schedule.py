@@ -51,7 +51,7 @@ class Step:
             r.randrange(0, 40),
             round(r.uniform(0.0, 8.0), 3),
             r.choice(
-                {"write": ["metric"] * 8 + ["metadata", "poison"],
+                {"write": ["metric"] * 8 + ["metadata", "poison", "artifact", "source"],
                  "fault": list(FAULTS),
                  "flush": ["0", "timeout", "none"],
                  "spool_fault": ["ENOSPC", "EROFS"],
@@ -75,17 +75,20 @@ async def apply(world: World, step: Step) -> None:
     elif step.kind == "tick":
         world.runs[run].pipeline.tick()
     elif step.kind == "flush":
-        hung = any("hang" in b.faults or b.hung for b in world.backends.values())
-        if step.c == "none" and hung:
+        troubled = any(b.troubled(run) for b in world.backends.values())
+        if step.c == "none" and any("hang" in b.faults[run] or b.hung[run]
+                                    for b in world.backends.values()):
             return  # flush() without a timeout waits for a hung backend: by contract
         timeout = {"0": 0.0, "timeout": step.b, "none": None}[step.c]
         await world.runs[run].pipeline.flush(timeout)
+        if step.c == "none" and not troubled and not world.io.fail_writes:
+            world.check_isolated(run)
     elif step.kind == "advance":
         await world.clock.sleep(step.b)
     elif step.kind == "fault":
-        backend.faults.extend([step.c] * (1 + step.a % 4))
+        backend.faults[run].extend([step.c] * (1 + step.a % 4))
     elif step.kind == "heal":
-        backend.heal()
+        backend.heal(run)
     elif step.kind == "spool_fault":
         world.io.fail_writes = 1 + step.a % 3
         world.io.errno_ = {"ENOSPC": errno.ENOSPC, "EROFS": errno.EROFS}[step.c]

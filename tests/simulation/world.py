@@ -26,7 +26,7 @@ import anyio.abc
 from async_tracker import AppRun
 from async_tracker.base import AsyncTrackerBase
 from async_tracker.errors import PermanentBackendError, RecordError
-from async_tracker.ingress import METADATA, Ingress
+from async_tracker.ingress import ARTIFACT, METADATA, SOURCE, Ingress
 from async_tracker.pipeline.run_pipeline import RunPipeline
 from async_tracker.records import Batch, Lineage, TrackerArtifact, TrackerMetric, TrackerSource
 from async_tracker.retry import RetryPolicy
@@ -66,25 +66,29 @@ class SimBackend(AsyncTrackerBase):
         self.name = name
         self.clock = clock
         self.rng = rng
-        self.faults: list[str] = []
+        self.faults: dict[str, list[str]] = {run: [] for run in RUNS}  # per run, in turn
         self.poison: set[tuple[str, str]] = set()  # (run, point) refused for good
         self.arrivals: dict[str, list[tuple[str, str]]] = {}  # run -> [(uid, batch key)]
         self.metadata: dict[str, dict[str, object]] = {}
         self.metadata_arrivals: dict[str, set[object]] = {}  # values (write indexes) stored
         self.tainted: set[str] = set()  # batch keys written in part before a failure
-        self.release = anyio.Event()
-        self.hung = 0
+        self.release = {run: anyio.Event() for run in RUNS}
+        self.hung = {run: 0 for run in RUNS}
+        self.artifacts: dict[str, dict[str, str]] = {}
+        self.sources: dict[str, set[str]] = {}
+        self.artifact_arrivals: dict[str, set[str]] = {}
 
     async def write_batch(self, run_id: str, batch: Batch) -> None:
-        fault = self.faults.pop(0) if self.faults else None
+        faults = self.faults[run_id]
+        fault = faults.pop(0) if faults else None
         if fault == "slow":
             await self.clock.sleep(self.rng.uniform(0.01, 3.0))
         elif fault == "hang":
-            self.hung += 1
+            self.hung[run_id] += 1
             try:
-                await self.release.wait()
+                await self.release[run_id].wait()
             finally:
-                self.hung -= 1
+                self.hung[run_id] -= 1
         elif fault == "transient":
             raise ConnectionError("simulated outage")
         elif fault == "backend":
@@ -111,11 +115,21 @@ class SimBackend(AsyncTrackerBase):
         if metadata:
             self.metadata.setdefault(run_id, {}).update(batch.metadata)
             self.metadata_arrivals.setdefault(run_id, set()).update(batch.metadata.values())
+            arts = self.artifacts.setdefault(run_id, {})
+            for name, art in batch.artifacts.items():
+                arts[name] = art.path
+                self.artifact_arrivals.setdefault(run_id, set()).add(art.path)
+            self.sources.setdefault(run_id, set()).update(s.source_run_id for s in batch.sources)
 
-    def heal(self) -> None:
-        self.faults.clear()
-        self.release.set()
-        self.release = anyio.Event()
+    def heal(self, run: str | None = None) -> None:
+        for r in RUNS if run is None else (run,):
+            self.faults[r].clear()
+            self.release[r].set()
+            self.release[r] = anyio.Event()
+
+    def troubled(self, run: str) -> bool:
+        """Faults wait for this run's writes, or one of them hangs."""
+        return bool(self.faults[run]) or self.hung[run] > 0
 
     # The rest of the interface: not used by the pipeline's writes.
     async def add_artifact(
@@ -176,9 +190,11 @@ class Written:
     """One accepted record, as the model knows it."""
 
     index: int  # its place in the run's call order, across incarnations
-    uid: str | None  # metric points: what backends store; None for metadata
+    uid: str | None  # metric points: what backends store; None for the others
     key: str | None = None  # metadata key
     poison: bool = False
+    artifact: str | None = None  # artifact name (its path holds the index)
+    source: str | None = None  # source id
 
 
 @dataclass
@@ -267,6 +283,14 @@ class World:
                 key = f"k{index % 3}"
                 written = Written(index, None, key=key)
                 inc.ingress.append((METADATA, {key: index}))
+            elif kind == "artifact":
+                name = f"a{index % 2}"
+                written = Written(index, None, artifact=name)
+                inc.ingress.append((ARTIFACT, TrackerArtifact(name, f"/p/{index}", None)))
+            elif kind == "source":
+                source = f"parent{index % 4}"
+                written = Written(index, None, source=source)
+                inc.ingress.append((SOURCE, TrackerSource(source, None)))
             else:
                 name = f"w{writer}"
                 step = model.steps[name]
@@ -353,6 +377,8 @@ class World:
             backend = self.backends[lane.name]
             arrived = {u for u, _ in backend.arrivals.get(run, [])}
             metadata_arrived = backend.metadata_arrivals.get(run, set())
+            artifacts_arrived = backend.artifact_arrivals.get(run, set())
+            sources_arrived = backend.sources.get(run, set())
             lost = model.lost.setdefault(lane.name, set())
             for seq, written in enumerate(inc.accepted):
                 if seq in on_disk or seq <= lane.acked:
@@ -360,6 +386,10 @@ class World:
                 if written.uid is not None and written.uid in arrived:
                     continue  # stored before the end, though the lane had not finished it
                 if written.key is not None and written.index in metadata_arrived:
+                    continue
+                if written.artifact is not None and f"/p/{written.index}" in artifacts_arrived:
+                    continue
+                if written.source is not None and written.source in sources_arrived:
                     continue
                 lost.add(written.index)
 
@@ -384,6 +414,15 @@ class World:
             total = report.delivered + report.pending + report.spooled + report.dropped
             assert total == sum(len(inc.accepted) + lane.adopted for lane in inc.pipeline.lanes)
             self.check_order(run)
+
+    def check_isolated(self, run: str) -> None:
+        """After flush(None) of a run no fault is waiting for: everything it accepted is done,
+        whatever the other run's faults (the backends are shared)."""
+        inc = self.runs[run]
+        for lane in inc.pipeline.lanes:
+            assert not lane.log or lane.failure, (
+                f"{lane.name}/{run}: {len(lane.log)} entries left after a healthy flush"
+            )
 
     def check_order(self, run: str) -> None:
         """Per backend, points arrive (first arrivals) in call order, and a point arrives
@@ -431,6 +470,15 @@ class World:
                     assert stored.get(key) == value, (
                         f"{name}/{run}: metadata {key}={stored.get(key)}, last write {value}"
                     )
+                last_path: dict[str, str] = {}
+                for w in model.writes:
+                    if w.artifact is not None and w.index not in lost:
+                        last_path[w.artifact] = f"/p/{w.index}"
+                assert backend.artifacts.get(run, {}) == last_path, f"{name}/{run}: artifacts"
+                surviving = {
+                    w.source for w in model.writes if w.source is not None and w.index not in lost
+                }
+                assert backend.sources.get(run, set()) >= surviving, f"{name}/{run}: sources"
             inc = self.runs[run]
             for lane in inc.pipeline.lanes:
                 assert not lane.log, f"{lane.name}/{run}: {len(lane.log)} entries left"
