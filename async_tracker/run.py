@@ -365,12 +365,15 @@ class AppRun:
             report = self._close_report or self._idle_report()
             self._close_report = report
             return lambda _: report
-        if get_loop().in_loop_thread():
-            raise RuntimeError("close() cannot be called on the tracker loop; use aclose()")
         with self._start_lock:
             if self._close_future is None:
                 self._close_future = get_loop().submit(flusher.close, timeout)
             future = self._close_future
+        if get_loop().in_loop_thread():
+            # Called on the tracker loop itself (from a backend's code): waiting here would
+            # wait for ourselves. The close goes on; this answers with the state now, and a
+            # later close() returns the final report.
+            return lambda _: FlushReport.from_status(self.status(), timed_out=True)
 
         def wait(remaining: float) -> FlushReport:
             try:

@@ -14,6 +14,7 @@ import sys
 import threading
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -202,3 +203,25 @@ def test_close_under_heavy_write_contention_counts_every_write(make_run: MakeRun
     for t in range(16):
         assert [p.step for p in mem.points("r", f"t{t}")] == list(range(counts[t]))
     assert os.getpid() > 0
+
+
+def test_close_from_the_tracker_loop_itself_does_not_wait_for_itself(
+    make_run: MakeRun,
+) -> None:
+    # A backend's code (on the tracker loop) closes the run: it gets an answer at once, the
+    # close goes on, and a later close() elsewhere has the final report.
+    mem = InMemoryTracker()
+    answers: list[object] = []
+
+    class Closing(FaultyTracker):
+        async def write_batch(self, run_id: str, batch: Any) -> None:
+            await super().write_batch(run_id, batch)
+            if not answers:
+                answers.append(run.close(5))
+
+    run = make_run("r", [Closing(mem, name="closing")])
+    run.log_metric("m", 1.0, step=0)
+    run.flush(0)
+    final = run.close(30)
+    assert len(answers) == 1 and final.ok and final.delivered == 1
+    assert run.close() is final
