@@ -49,7 +49,7 @@ from async_tracker.ingress import ARTIFACT, METADATA, SOURCE, Ingress, wait_for_
 from async_tracker.loop import get_loop
 from async_tracker.pipeline.flusher import get_flusher
 from async_tracker.pipeline.lane import Lane
-from async_tracker.pipeline.run_pipeline import RunPipeline
+from async_tracker.pipeline.run_pipeline import HotPath, RunPipeline
 from async_tracker.records import (
     Lineage,
     TrackerArtifact,
@@ -285,7 +285,7 @@ class AppRun:
                     list(zip(self._names, self._async_backends)),
                     self.options,
                     owns_backends=self._owns_backends,
-                    set_blocking=self._set_blocking,
+                    set_hot=self._set_hot,
                 )
                 # Registration runs on the loop (the lanes become its tasks); we do not wait
                 # for it: records appended meanwhile simply wait in the buffer.
@@ -297,17 +297,22 @@ class AppRun:
                 shutdown.hold(self)
             return self._flusher
 
-    def _set_blocking(self, blocking: bool) -> None:
-        """The pipeline's switch of the hot path into and out of the block policy's wait.
-        Under the lock, so that it never undoes close()'s switch to _closed_append."""
+    def _set_hot(self, mode: HotPath) -> None:
+        """The pipeline's switch of the hot path into and out of an overload (on the tracker
+        loop). Under the lock, so that it never undoes close()'s switch to _closed_append;
+        then it waits until no writer still uses the old path (see ingress.py)."""
         with self._start_lock:
             pipeline = self._flusher
             if self.closed or pipeline is None:
                 return
-            if blocking:
+            if mode == "block":
                 self._append, self._extend = pipeline.blocking_append, pipeline.blocking_extend
+            elif mode == "packed":
+                self._append, self._extend = pipeline.packed.append, pipeline.packed.extend
             else:
                 self._append, self._extend = self._ingress.append, self._ingress.extend
+        if mode != "block" and not wait_for_writers(_WRITE_CODES, 1.0):
+            logger.warning("async_tracker: run %r: a writer is stuck in a write", self.id)
 
     def _closed_append(self, record: object) -> None:
         raise TrackerClosedError(f"run {self.id!r} is closed; it accepts no more writes")

@@ -16,7 +16,7 @@ import anyio
 import anyio.abc
 
 from async_tracker.loop import TrackerLoop, get_loop
-from async_tracker.pipeline.run_pipeline import RunPipeline
+from async_tracker.pipeline.run_pipeline import PACKED_PAUSE_S, RunPipeline
 from async_tracker.settings import DEFAULT_WAKE_INTERVAL_S
 from async_tracker.spool.io import thread_io
 
@@ -52,7 +52,10 @@ class Flusher:
                     # closed pays nothing for the ticker (each tick takes the GIL).
                     await self._has_runs.wait()
                     self._has_runs = anyio.Event()
-                await anyio.sleep(DEFAULT_WAKE_INTERVAL_S)
+                # An overloaded run drains its packed ingress a share at a time: look again
+                # soon, so that the share keeps pace with a loop that does nothing but log.
+                packed = any(len(run.packed) for run in self.runs)
+                await anyio.sleep(PACKED_PAUSE_S if packed else DEFAULT_WAKE_INTERVAL_S)
                 for run in list(self.runs):
                     if run.closed:
                         self.runs.discard(run)

@@ -21,13 +21,14 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Literal
 
 import anyio
 
 from async_tracker.base import AsyncTrackerBase
 from async_tracker.clock import Clock
 from async_tracker.errors import TrackerClosedError
-from async_tracker.ingress import Ingress, Record
+from async_tracker.ingress import Ingress, Packed, Record
 from async_tracker.pipeline.cutter import Cutter
 from async_tracker.pipeline.lane import Lane, describe
 from async_tracker.report import FlushReport, TrackerStatus
@@ -36,6 +37,12 @@ from async_tracker.spool.io import SpoolIO, thread_io
 from async_tracker.spool.store import Spool, default_spool_dir, new_token
 
 logger = logging.getLogger(__name__)
+
+# What AppRun's hot path writes to: the deque, the block policy's waiting write, the packed
+# ingress of an overloaded run.
+HotPath = Literal["plain", "block", "packed"]
+# How long a flush of an overloaded run lets its lanes spill before taking the next share.
+PACKED_PAUSE_S = 0.005
 
 
 class RunPipeline:
@@ -49,7 +56,7 @@ class RunPipeline:
         options: RunOptions,
         *,
         owns_backends: bool = False,
-        set_blocking: Callable[[bool], None] | None = None,
+        set_hot: Callable[[HotPath], None] | None = None,
         clock: Clock | None = None,
         io: SpoolIO = thread_io,
         token: str | None = None,
@@ -82,9 +89,14 @@ class RunPipeline:
             )
             for name, backend in backends
         ]
-        # While overloaded under the block policy, AppRun's hot path is swapped for
-        # blocking_append/extend through set_blocking (the only cost the bound adds to it).
-        self._set_blocking = set_blocking
+        # While overloaded, AppRun's hot path is swapped (set_hot) for the packed ingress
+        # (spool policy) or for blocking_append/extend (block policy): the only cost the
+        # bound adds to the hot path. set_hot returns once no writer still uses the old one.
+        self._set_hot = set_hot
+        self.packed = Packed()
+        # Where records wait, oldest first: after a switch, the structure written to before
+        # it holds only older records, so it is drained first.
+        self._sources: list[Ingress | Packed] = [ingress, self.packed]
         self.overloaded = False
         self._block_expired = False
         self._room = threading.Event()  # set while not overloaded: blocked writers wait on it
@@ -102,35 +114,50 @@ class RunPipeline:
     def tick(self) -> None:
         """The flusher's look at this run: a cut if one is due, and the memory bound."""
         now = self.clock.now()
-        n = len(self.ingress)
-        if n >= self.options.batch_size or (
+        n = self.waiting()
+        if n >= self.options.batch_size or len(self.packed) or (
             n > 0 and now - self.last_cut >= self.options.flush_interval
         ):
             self.cut()
         else:
             self.check_memory()
 
-    def cut(self) -> None:
-        """Moves every record waiting in the ingress into batches of at most ``batch_size``,
-        handed to every lane in order."""
+    def cut(self, everything: bool = False) -> None:
+        """Moves the records waiting in the ingress into batches of at most ``batch_size``,
+        handed to every lane in order. Under overload the packed ingress is taken a share
+        at a time, as the lanes write what they hold to disk: what waits stays packed
+        (unless ``everything``)."""
         self.check_memory()
         self.last_cut = self.clock.now()
-        pending = len(self.ingress)
         limit = self.options.max_buffered
-        if self.options.overflow == "drop_oldest" and pending > limit:
-            self._shed(self.ingress.drain(pending - limit))
-            pending = len(self.ingress)
-        while pending > 0:
-            records = self.ingress.drain(min(pending, self.options.batch_size))
-            if not records:
-                break
-            pending -= len(records)
-            batch = self.cutter.cut(records)
-            for lane in self.lanes:
-                lane.put(batch)
-            # A long cut shares the GIL with writers that may be filling the ingress faster
-            # than it drains: look at the bound between batches, not only at ticks.
-            self.check_memory()
+        if self.options.overflow == "drop_oldest" and self.waiting() > limit:
+            excess = self.waiting() - limit
+            for source in self._sources:
+                taken = _take(source, excess)
+                excess -= len(taken)
+                if taken:
+                    self._shed(taken)
+        for source in list(self._sources):
+            budget = len(source)
+            if source is self.packed and self.overloaded and not everything:
+                # Unpacked, a record takes five times the room: take no more than the
+                # lanes can spill before the next look (half the bound: few, large writes,
+                # since each hop to the spool thread waits for the GIL).
+                held = max((lane.memory for lane in self.lanes), default=0)
+                budget = min(budget, max(0, limit // 2 - held))
+            while budget > 0:
+                records = _take(source, min(budget, self.options.batch_size))
+                if not records:
+                    break
+                budget -= len(records)
+                batch = self.cutter.cut(records)
+                for lane in self.lanes:
+                    lane.put(batch)
+                # A long cut shares the GIL with writers that may be filling the ingress
+                # faster than it drains: look at the bound between batches, not only at ticks.
+                self.check_memory()
+            if len(source):
+                break  # the rest of this one first: newer sources wait behind it
 
     def _shed(self, records: list[Record]) -> None:
         """drop_oldest, for records still in the ingress: the metrics go (their steps still
@@ -148,8 +175,22 @@ class RunPipeline:
 
     # -- the memory bound -----------------------------------------------------------------------
     def held(self) -> int:
-        """Records of this run in memory: the ingress, and the most any lane holds."""
-        return len(self.ingress) + max((lane.memory for lane in self.lanes), default=0)
+        """Records of this run in memory: the ingress (the packed one too: a writer that
+        keeps it filling keeps the overload going), and the most any lane holds."""
+        lanes = max((lane.memory for lane in self.lanes), default=0)
+        return len(self.ingress) + len(self.packed) + lanes
+
+    def waiting(self) -> int:
+        return len(self.ingress) + len(self.packed)
+
+    def _switch(self, to: HotPath) -> None:
+        """Swaps the hot path between the deque and the packed ingress. Once set_hot has
+        returned no writer uses the old one, whose records are all older: it goes first."""
+        assert self._set_hot is not None
+        new: Ingress | Packed = self.packed if to == "packed" else self.ingress
+        self._set_hot(to)
+        self._sources.remove(new)
+        self._sources.append(new)
 
     def check_memory(self) -> None:
         """Starts or ends an overload, which keeps the run within ``max_buffered`` records in
@@ -166,16 +207,20 @@ class RunPipeline:
                 "async_tracker: run %r holds %d records (max_buffered=%d); overflow policy %s",
                 self.run_id, held, limit, self.options.overflow,
             )
-            if self.options.overflow == "block" and self._set_blocking is not None:
+            if self.options.overflow == "block" and self._set_hot is not None:
                 self._block_expired = False
                 self._room.clear()
-                self._set_blocking(True)
+                self._set_hot("block")
+            elif self.options.overflow == "spool" and self._set_hot is not None:
+                self._switch("packed")
         elif self.overloaded and held <= limit // 4:
             self.overloaded = False
             if not self._room.is_set():
                 self._room.set()
-                if self._set_blocking is not None:
-                    self._set_blocking(False)
+                if self._set_hot is not None:
+                    self._set_hot("plain")
+            elif self.options.overflow == "spool" and self._set_hot is not None:
+                self._switch("plain")
         # While overloaded, lanes keep what they hold on disk: always under spool, and under
         # block once a writer's wait ran out (the writes then go on without waiting).
         spill = self.overloaded and (
@@ -201,9 +246,9 @@ class RunPipeline:
         room = self._room.wait(self.options.overflow_timeout)
         if self.closed:
             raise TrackerClosedError(f"run {self.run_id!r} closed while this write waited")
-        if not room and self._set_blocking is not None:
+        if not room and self._set_hot is not None:
             self._block_expired = True  # the loop has the lanes spool at its next look
-            self._set_blocking(False)
+            self._set_hot("plain")
         with self._counts_lock:
             self.blocked_writes += 1
             self.blocked_s += time.monotonic() - start
@@ -214,13 +259,13 @@ class RunPipeline:
     ) -> FlushReport:
         """Cuts what waits and waits until each lane has delivered it, or ended a failed
         round (then the report says what is pending and why), or ``timeout`` passed."""
-        self.cut()
-        target = self.cutter.next_seq - 1
         chosen = self.lanes if lanes is None else lanes
         end = math.inf if timeout is None else self.clock.now() + timeout
         with self.clock.deadline(end) as scope:
             self._waiting.add(scope)
             try:
+                await self._cut_all()
+                target = self.cutter.next_seq - 1
                 marks = []
                 for lane in chosen:
                     lane.kick()
@@ -232,6 +277,14 @@ class RunPipeline:
                 self._waiting.discard(scope)
         self.check_memory()  # so that status() after a flush tells the overload as it is now
         return self.report(timed_out=scope.cancelled_caught)
+
+    async def _cut_all(self) -> None:
+        """Cuts everything waiting; under overload a share at a time, letting the lanes
+        write each to disk before the next (memory stays bounded while a flush drains)."""
+        self.cut()
+        while len(self.packed):
+            await self.clock.sleep(PACKED_PAUSE_S)
+            self.cut()
 
     async def close(self, timeout: float) -> FlushReport:
         """Delivers what it can until ``timeout``, then stops the lanes whatever they do and
@@ -246,7 +299,9 @@ class RunPipeline:
                 scope.cancel()
 
     async def _close(self, deadline: float) -> FlushReport:
-        self.cut()
+        with self.clock.deadline(deadline):
+            await self._cut_all()
+        self.cut(everything=True)  # what the deadline left packed: to the lanes, then disk
         for lane in self.lanes:
             lane.begin_close(deadline)
         with self.clock.deadline(deadline) as scope:
@@ -282,7 +337,7 @@ class RunPipeline:
         return FlushReport.from_status(self.status(), timed_out=timed_out)
 
     def status(self) -> TrackerStatus:
-        buffered = len(self.ingress)
+        buffered = self.waiting()
         return TrackerStatus(
             run_id=self.run_id,
             closed=self.closed,
@@ -291,6 +346,10 @@ class RunPipeline:
             blocked_writes=self.blocked_writes,
             blocked_s=self.blocked_s,
         )
+
+
+def _take(source: Ingress | Packed, limit: int) -> list[Record]:
+    return source.drain(limit) if isinstance(source, Ingress) else source.take(limit)
 
 
 async def _aclose_quietly(lane: Lane) -> None:

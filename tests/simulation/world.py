@@ -204,6 +204,10 @@ class Incarnation:
     pipeline: RunPipeline
     ingress: Ingress
     scope: anyio.CancelScope
+    # The hot path, as AppRun keeps it: the deque's append, or the packed ingress's while
+    # the run is overloaded (the pipeline switches it through set_hot).
+    append: Any = None
+    extend: Any = None
     stopped: anyio.Event = field(default_factory=anyio.Event)  # its lane tasks are over
     accepted: list[Written] = field(default_factory=list)  # by sequence number
     closed: bool = False
@@ -250,6 +254,12 @@ class World:
     # -- life of a run --------------------------------------------------------------------------
     def start(self, run: str) -> None:
         ingress = Ingress()
+        holder: list[Incarnation] = []
+
+        def set_hot(mode: str) -> None:
+            target = holder[0].pipeline.packed if mode == "packed" else holder[0].ingress
+            holder[0].append, holder[0].extend = target.append, target.extend
+
         pipeline = RunPipeline(
             run,
             ingress,
@@ -259,9 +269,11 @@ class World:
             io=self.io,
             token=new_token(int(self.clock.now() * 1e9) + len(self.log)),
             rng=random.Random(self.rng.random()),
+            set_hot=set_hot,  # type: ignore[arg-type]
         )
         scope = anyio.CancelScope()
-        inc = self.runs[run] = Incarnation(pipeline, ingress, scope)
+        inc = self.runs[run] = Incarnation(pipeline, ingress, scope, ingress.append, ingress.extend)
+        holder.append(inc)
 
         async def lanes() -> None:
             try:
@@ -282,15 +294,15 @@ class World:
             if kind == "metadata":
                 key = f"k{index % 3}"
                 written = Written(index, None, key=key)
-                inc.ingress.append((METADATA, {key: index}))
+                inc.append((METADATA, {key: index}))
             elif kind == "artifact":
                 name = f"a{index % 2}"
                 written = Written(index, None, artifact=name)
-                inc.ingress.append((ARTIFACT, TrackerArtifact(name, f"/p/{index}", None)))
+                inc.append((ARTIFACT, TrackerArtifact(name, f"/p/{index}", None)))
             elif kind == "source":
                 source = f"parent{index % 4}"
                 written = Written(index, None, source=source)
-                inc.ingress.append((SOURCE, TrackerSource(source, None)))
+                inc.append((SOURCE, TrackerSource(source, None)))
             else:
                 name = f"w{writer}"
                 step = model.steps[name]
@@ -298,7 +310,7 @@ class World:
                 written = Written(index, uid(name, step), poison=kind == "poison")
                 if written.poison:
                     self.backends[self.rng.choice(BACKENDS)].poison.add((run, uid(name, step)))
-                inc.ingress.append((name, float(index), step, self.clock.now()))
+                inc.append((name, float(index), step, self.clock.now()))
             model.writes.append(written)
             inc.accepted.append(written)
 
@@ -311,14 +323,14 @@ class World:
         app = self._apps.get(run)
         if app is None:
             app = self._apps[run] = AppRun(run, [])
-        app._append, app._extend = inc.ingress.append, inc.ingress.extend
+        app._append, app._extend = inc.append, inc.extend
         name = f"w{writer}"
         step = model.steps[name]
-        before = len(inc.ingress)
+        before = inc.pipeline.waiting()
         interrupted_at(
             k, lambda: app.log_metrics({name: float(len(model.writes))}, step=step)
         )
-        added = len(inc.ingress) - before
+        added = inc.pipeline.waiting() - before
         assert added in (0, 1), f"a write interrupted at bytecode {k} kept {added} points"
         if added:
             model.steps[name] += 1
@@ -400,7 +412,7 @@ class World:
             for lane in inc.pipeline.lanes:
                 assert lane.memory >= 0 and lane.disk >= 0, (lane.name, lane.memory, lane.disk)
                 counted = lane.memory + lane.disk + lane.delivered + lane.dropped
-                counted += len(inc.ingress)
+                counted += inc.pipeline.waiting()
                 assert counted == len(inc.accepted) + lane.adopted, (
                     f"{lane.name}/{run}: memory {lane.memory} + disk {lane.disk} + delivered "
                     f"{lane.delivered} + dropped {lane.dropped} + ingress {len(inc.ingress)} "

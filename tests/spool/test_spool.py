@@ -117,7 +117,7 @@ def test_stalled_backend_keeps_memory_bounded_and_delivers_in_order(tmp_path: Pa
     wait_until(lambda: run.status().backends["stalled"].spooled >= total - max_buffered)
     s = run.status().backends["stalled"]
     assert s.in_flight <= max_buffered
-    assert s.in_flight + s.spooled == total
+    assert s.buffered + s.in_flight + s.spooled == total  # the rest waits packed, in order
     assert len(list(tmp_path.rglob("*.seg"))) >= 1
     release.set()
     report = run.flush(120)
@@ -250,7 +250,7 @@ def test_unwritable_spool_is_an_error_in_status_not_a_crash(tmp_path: Path) -> N
             run.flush(0)
     wait_until(lambda: "spool" in (run.status().backends["s"].last_error or ""))
     s = run.status().backends["s"]
-    assert s.in_flight == 100 and s.spooled == 0  # kept in memory, counted as pending
+    assert s.buffered + s.in_flight == 100 and s.spooled == 0  # in memory, as pending
     run.log_metric("still", 1.0)  # the training loop goes on
     release.set()
     report = run.close(30)
