@@ -20,7 +20,6 @@ Example::
 
 from __future__ import annotations
 
-import asyncio
 import concurrent.futures
 import logging
 import os
@@ -30,8 +29,6 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, SupportsFloat, SupportsIndex, TypeVar
-
-import anyio.to_thread
 
 from async_tracker import shutdown
 from async_tracker.adapters import as_async
@@ -46,7 +43,7 @@ from async_tracker.factory import (
     trackers_config_from_environ,
 )
 from async_tracker.ingress import ARTIFACT, METADATA, SOURCE, Ingress, wait_for_writers
-from async_tracker.loop import get_loop
+from async_tracker.loop import get_loop, wait_future
 from async_tracker.pipeline.flusher import get_flusher
 from async_tracker.pipeline.lane import Lane
 from async_tracker.pipeline.run_pipeline import HotPath, RunPipeline
@@ -411,7 +408,21 @@ class AppRun:
             return self._close_report
         limit = self.options.close_timeout if timeout is None else timeout
         wait = self._start_close(limit)
-        report = await anyio.to_thread.run_sync(wait, limit, abandon_on_cancel=True)
+        future = self._close_future
+        if future is None:  # nothing was started: wait() answers at once
+            report = wait(limit)
+        elif self._close_report is not None:  # another closer has its answer already
+            report = self._close_report
+        else:
+            # Awaited on the caller's loop without a thread (a worker thread there keeps a
+            # nest_asyncio process from exiting), bounded as close() is. Cancelling the caller
+            # abandons the wait, not the close: a later close() waits for the same future.
+            try:
+                report = await wait_future(future, timeout=limit + CLOSE_SLACK_S, cancel=False)
+            except concurrent.futures.TimeoutError:
+                # The loop itself is stuck (an async backend blocking it): answer anyway.
+                report = FlushReport.from_status(self.status(), timed_out=True)
+            self._close_report = report
         self._check_strict(report)
         return report
 
@@ -601,13 +612,9 @@ async def _await_on_tracker_loop(fn: Callable[..., Awaitable[T]], *args: Any) ->
     loop = get_loop()
     if loop.in_loop_thread():
         return await fn(*args)
-    future = loop.submit(fn, *args)
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        # Not asyncio (trio): wait in a worker thread, abandoned if the caller is cancelled.
-        return await anyio.to_thread.run_sync(future.result, abandon_on_cancel=True)
-    return await asyncio.wrap_future(future)
+    # Starts nothing on the caller's loop (asyncio, uvloop, nest_asyncio, trio); cancelling
+    # the caller cancels the work on the tracker loop.
+    return await wait_future(loop.submit(fn, *args))
 
 
 def _unique_names(names: list[str]) -> list[str]:
