@@ -43,6 +43,7 @@ logger = logging.getLogger(__name__)
 HotPath = Literal["plain", "block", "packed"]
 # How long a flush of an overloaded run lets its lanes spill before taking the next share.
 PACKED_PAUSE_S = 0.005
+PACKED_STALL_ROUNDS = 40
 
 
 class RunPipeline:
@@ -282,9 +283,17 @@ class RunPipeline:
         """Cuts everything waiting; under overload a share at a time, letting the lanes
         write each to disk before the next (memory stays bounded while a flush drains)."""
         self.cut()
+        stalled = 0
         while len(self.packed):
+            before = (len(self.packed), [lane.memory for lane in self.lanes])
             await self.clock.sleep(PACKED_PAUSE_S)
             self.cut()
+            # Lanes that cannot spill (a full disk) would make this wait forever: after a
+            # while without progress, take the rest into memory (it is pending there).
+            progress = (len(self.packed), [lane.memory for lane in self.lanes]) != before
+            stalled = 0 if progress else stalled + 1
+            if stalled >= PACKED_STALL_ROUNDS:
+                self.cut(everything=True)
 
     async def close(self, timeout: float) -> FlushReport:
         """Delivers what it can until ``timeout``, then stops the lanes whatever they do and

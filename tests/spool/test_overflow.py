@@ -210,3 +210,33 @@ def test_steps_resolve_the_same_on_the_fast_and_the_mixed_path() -> None:
 def test_steps_beyond_int64_survive_the_spool() -> None:
     batch = Batch(0, metrics=[TrackerMetric("m", 1.0, 2**70, 0.0)], records=1)
     assert decode_batch(encode_batch(batch)).metrics == batch.metrics
+
+
+def test_writers_in_threads_across_the_switches_keep_their_order(tmp_path: Path) -> None:
+    # Four threads write while the run goes into overload (the packed ingress) and out again:
+    # each thread's points arrive in its own call order, once, whatever the switches.
+    release = threading.Event()
+    run, _, mem = stalled_run(tmp_path, release)
+    go = threading.Barrier(4)
+
+    def write(t: int) -> None:
+        go.wait()
+        for i in range(3000):
+            run.log_metric(f"t{t}", float(i), step=i)
+            if i == 1500:
+                run.add_metadata(**{f"half{t}": True})
+
+    threads = [threading.Thread(target=write, args=(t,)) for t in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    run.flush(0)
+    assert run.status().overloaded
+    release.set()
+    report = run.flush(60)
+    assert report.ok and report.delivered == 50 + 4 * 3001, report
+    for t in range(4):
+        assert [p.step for p in mem.points("over", f"t{t}")] == list(range(3000))
+    assert anyio.run(mem.metadata, "over") == {f"half{t}": True for t in range(4)}
+    run.close()
