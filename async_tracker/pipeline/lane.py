@@ -286,6 +286,7 @@ class Lane:
             if (
                 self.durable
                 and entry.segment is None
+                and not entry.part  # split while the disk failed: delivered from memory
                 and not self._spool_broken()
                 and not self._spiller_dead
             ):
