@@ -94,6 +94,7 @@ class RunPipeline:
         # (spool policy) or for blocking_append/extend (block policy): the only cost the
         # bound adds to the hot path. set_hot returns once no writer still uses the old one.
         self._set_hot = set_hot
+        self._hot: HotPath = "plain"
         self.packed = Packed()
         # Where records wait, oldest first: after a switch, the structure written to before
         # it holds only older records, so it is drained first.
@@ -190,6 +191,7 @@ class RunPipeline:
         assert self._set_hot is not None
         new: Ingress | Packed = self.packed if to == "packed" else self.ingress
         self._set_hot(to)
+        self._hot = to
         self._sources.remove(new)
         self._sources.append(new)
 
@@ -212,16 +214,19 @@ class RunPipeline:
                 self._block_expired = False
                 self._room.clear()
                 self._set_hot("block")
-            elif self.options.overflow == "spool" and self._set_hot is not None:
-                self._switch("packed")
         elif self.overloaded and held <= limit // 4:
             self.overloaded = False
             if not self._room.is_set():
                 self._room.set()
                 if self._set_hot is not None:
                     self._set_hot("plain")
-            elif self.options.overflow == "spool" and self._set_hot is not None:
-                self._switch("plain")
+        if self.options.overflow == "spool" and self._set_hot is not None:
+            want: HotPath = "packed" if self.overloaded else "plain"
+            target = self.packed if want == "packed" else self.ingress
+            # Only into an empty structure: one that still held older records would mix
+            # them with the newer ones to come, and draining it first would reorder them.
+            if want != self._hot and not len(target):
+                self._switch(want)
         # While overloaded, lanes keep what they hold on disk: always under spool, and under
         # block once a writer's wait ran out (the writes then go on without waiting).
         spill = self.overloaded and (
