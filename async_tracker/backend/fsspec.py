@@ -39,8 +39,10 @@ import asyncio
 import binascii
 import contextlib
 import hashlib
+import itertools
 import json
 import logging
+import operator
 import os
 import posixpath
 import secrets
@@ -85,6 +87,8 @@ if sys.version_info < (3, 11):  # pragma: no cover - 3.10
     from exceptiongroup import BaseExceptionGroup
 
 logger = logging.getLogger(__name__)
+
+_NAME = operator.itemgetter(0)
 
 T = TypeVar("T")
 
@@ -413,14 +417,12 @@ class AsyncFsspecTracker(AsyncTrackerBase):
     async def _write_segment(
         self, run_id: str, metrics: Sequence[TrackerMetric], names: dict[str, str], key: str = ""
     ) -> None:
-        columns: dict[str, tuple[list[int], list[float], list[float]]] = {}
-        for name, value, step, ts in metrics:
-            col = columns.get(name)
-            if col is None:
-                col = columns[name] = ([], [], [])
-            col[0].append(step)
-            col[1].append(value)
-            col[2].append(ts)
+        # Grouped by name with C loops (a stable sort keeps each name's points in order,
+        # zip makes the columns): no Python loop per point.
+        columns: dict[str, tuple[tuple[int, ...], tuple[float, ...], tuple[float, ...]]] = {}
+        for name, group in itertools.groupby(sorted(metrics, key=_NAME), key=_NAME):
+            _, values, steps, times = zip(*group)
+            columns[name] = (steps, values, times)
         where = self._path(run_id, METRICS_DIR)
         data = b"".join(
             _encode_json({"name": n, "step": s, "value": v, "time": t}, f"metric {n!r} in {where}")

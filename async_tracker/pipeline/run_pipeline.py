@@ -227,11 +227,14 @@ class RunPipeline:
             # them with the newer ones to come, and draining it first would reorder them.
             if want != self._hot and not len(target):
                 self._switch(want)
-        # While overloaded, lanes keep what they hold on disk: always under spool, and under
+        # While overloaded, lanes keep what they hold on disk: under spool once the packed
+        # ingress holds more than half the bound (it absorbs a burst that a healthy backend
+        # drains; past that the backend is not keeping up, and disk makes room), and under
         # block once a writer's wait ran out (the writes then go on without waiting).
-        spill = self.overloaded and (
-            self.options.overflow == "spool" or self._block_expired
-        )
+        if self.options.overflow == "spool":
+            spill = self.overloaded and len(self.packed) > limit // 2
+        else:
+            spill = self.overloaded and self._block_expired
         for lane in self.lanes:
             lane.set_overloaded(spill)
 
