@@ -1,9 +1,23 @@
-"""Fixtures for the whole suite."""
+"""Fixtures and hooks for the whole suite.
+
+The ``server`` marker: a test needs a server (``mlflow server``, moto's S3 server), an extra
+beyond ``[test]`` (mlflow, s3, plot) or torchx's virtual environment. It is given here, by the
+fixtures a test uses and by directory, so that new tests get it without asking; a test that
+needs one otherwise (an example that starts its own server) is marked by hand. CI runs the
+whole suite on one Python and ``-m "not server"`` on the others, in venvs holding ``[test]``
+alone, where those tests are deselected and a missing extra skips (``pytest.importorskip``).
+
+A run that does not deselect them (``python -m pytest``, the README's command) is meant to run
+everything: there a test skipped for a module it could not import fails instead, naming it.
+"""
 
 from __future__ import annotations
 
 import random
+from collections.abc import Generator
 from pathlib import Path
+from types import ModuleType
+from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, settings
@@ -35,6 +49,16 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         first = random.SystemRandom().randrange(2**40) if start == "random" else int(start)
         metafunc.parametrize("sim_seed", range(first, first + count))
 
+TESTS = Path(__file__).resolve().parent
+
+# Fixtures (looked up in each test's whole fixture closure) that start a server or build
+# torchx's venv, and the fixtures below that import an extra.
+SERVER_FIXTURES = frozenset({"mlflow_server", "s3_endpoint", "torchx_python", "plot_extra"})
+# Directories whose every test needs an extra: the MLflow backend's, even without a server.
+SERVER_DIRS = (TESTS / "mlflow",)
+
+MISSING_MODULE = "could not import "  # how pytest.importorskip's skips begin
+
 
 @pytest.fixture(autouse=True)
 def _cache_in_tmp(
@@ -45,3 +69,71 @@ def _cache_in_tmp(
     cache = tmp_path_factory.mktemp("cache")
     monkeypatch.setenv("XDG_CACHE_HOME", str(cache))
     return cache
+
+
+@pytest.fixture(scope="session")
+def plot_extra() -> ModuleType:
+    """matplotlib (the ``plot`` extra); the test is skipped without it."""
+    return pytest.importorskip("matplotlib")
+
+
+# For a test (or a pytest.param) that draws, or otherwise needs matplotlib installed.
+needs_matplotlib = pytest.mark.usefixtures("plot_extra")
+
+
+@pytest.hookimpl(tryfirst=True)  # before ``-m`` deselects by marker
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        if SERVER_FIXTURES.intersection(getattr(item, "fixturenames", ())) or any(
+            item.path.is_relative_to(d) for d in SERVER_DIRS
+        ):
+            item.add_marker(pytest.mark.server)
+
+
+def _missing_extra(skip_message: str) -> str:
+    return (
+        f'{skip_message}\nThis run includes the server tests (no -m "not server"), so every '
+        "extra must be installed: pip install -e '.[all,test]' -c constraints.txt"
+    )
+
+
+class MissingExtrasFail:
+    """Turns pytest.importorskip's skips into failures, in a test (its fixtures included) or
+    at import time (a module's or a conftest's; the latter is reported by a collector above
+    this directory, out of a conftest hook's reach: hence a plugin)."""
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_runtest_makereport(
+        self, item: pytest.Item, call: pytest.CallInfo[None]
+    ) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+        report = yield
+        exc = call.excinfo
+        if (
+            report.skipped
+            and exc is not None
+            and exc.errisinstance(pytest.skip.Exception)
+            and str(exc.value).startswith(MISSING_MODULE)
+        ):
+            report.outcome = "failed"
+            report.longrepr = _missing_extra(str(exc.value))
+        return report
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_make_collect_report(
+        self, collector: pytest.Collector
+    ) -> Generator[None, pytest.CollectReport, pytest.CollectReport]:
+        report = yield
+        longrepr: Any = report.longrepr
+        if report.skipped and isinstance(longrepr, tuple) and len(longrepr) == 3:
+            message = str(longrepr[2]).removeprefix("Skipped: ")
+            if message.startswith(MISSING_MODULE):
+                report.outcome = "failed"
+                report.longrepr = _missing_extra(message)
+        return report
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # Unless the run deselects the server tests (-m "not server"), it is meant to run
+    # everything: a missing extra is a failure there, not a skip.
+    if "not server" not in (config.getoption("markexpr") or ""):
+        config.pluginmanager.register(MissingExtrasFail(), "async-tracker-missing-extras-fail")

@@ -52,6 +52,7 @@ def test_orchestrator(isolated: Path) -> None:
     assert "best_run" in out
 
 
+@pytest.mark.server  # it starts moto's S3 server; needs the s3 extra
 def test_s3_setup(isolated: Path) -> None:
     for module in ("s3fs", "boto3", "moto"):
         pytest.importorskip(module)
@@ -63,6 +64,7 @@ def test_s3_setup(isolated: Path) -> None:
     assert "5      4" in out  # COUNT and LAST STEP of the loss
 
 
+@pytest.mark.server  # it starts an mlflow server; needs the mlflow extra
 def test_mlflow_example(isolated: Path) -> None:
     # Written with the MLflow backend; it starts its own local server and reads the run back
     # with MLflow's own client: what it prints is what the server holds.

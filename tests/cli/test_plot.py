@@ -11,12 +11,13 @@ import pytest
 
 from async_tracker.cli.main import main
 from tests.cli.conftest import CHILD_A, CHILD_B, EMPTY, PARENT, Store
+from tests.conftest import needs_matplotlib
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
-pytest.importorskip("matplotlib")
 
 
+@needs_matplotlib
 def test_png(configured: Store, isolated: Path, capsys: pytest.CaptureFixture[str]) -> None:
     # Three runs overlaid; grad_norm holds NaN and an infinity (drawn as gaps, no warning).
     assert main(["plot", PARENT, CHILD_A, CHILD_B, "-o", "curves.png"]) == 0
@@ -26,6 +27,7 @@ def test_png(configured: Store, isolated: Path, capsys: pytest.CaptureFixture[st
     assert "wrote curves.png: 3 metric(s), 3 run(s)" in capsys.readouterr().out
 
 
+@needs_matplotlib
 def test_svg_with_chosen_metrics(
     configured: Store, isolated: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -43,12 +45,14 @@ def test_svg_with_chosen_metrics(
     assert root.tag == "{http://www.w3.org/2000/svg}svg"
 
 
+@needs_matplotlib
 def test_flags_instead_of_torchxconfig(store: Store, isolated: Path) -> None:
     argv = ["--tracker", "fsspec", "--config", str(store.config), "plot", PARENT, "-o", "a.png"]
     assert main(argv) == 0
     assert (isolated / "a.png").read_bytes().startswith(PNG_MAGIC)
 
 
+@needs_matplotlib
 @pytest.mark.parametrize(
     ("argv", "message"),
     [

@@ -22,6 +22,7 @@ from tests.cli.conftest import (
     cli,
     write_torchxconfig,
 )
+from tests.conftest import needs_matplotlib
 
 ALL_RUNS = {PARENT, CHILD_A, CHILD_B, GRANDCHILD, EMPTY}
 
@@ -229,7 +230,6 @@ def test_factory_named_by_value(
         ["list", "artifacts", "local://nope"],
         ["list", "metrics", "local://nope"],
         ["lineage", "local://nope"],
-        ["plot", "local://nope", "-o", "out.png"],
     ],
 )
 def test_unknown_run_id(
@@ -240,6 +240,11 @@ def test_unknown_run_id(
     assert captured.out == ""
     assert "unknown run id 'local://nope'" in captured.err
     assert "Traceback" not in captured.err
+
+
+@needs_matplotlib  # plot checks that matplotlib is there before it reads the store
+def test_unknown_run_id_plot(configured: Store, capsys: pytest.CaptureFixture[str]) -> None:
+    test_unknown_run_id(configured, ["plot", "local://nope", "-o", "out.png"], capsys)
 
 
 @pytest.mark.parametrize(

@@ -1,7 +1,8 @@
 """Fixtures for the MLflow tests: one real ``mlflow server`` for the session (SQLite store and
 artifact root in a temporary directory, a free port on 127.0.0.1), killed at teardown.
 
-Without mlflow installed, the whole directory is skipped.
+Every test here has the ``server`` marker (tests/conftest.py). Without mlflow installed, the
+whole directory is skipped when the run deselects them (``-m "not server"``), and fails otherwise.
 """
 
 from __future__ import annotations
