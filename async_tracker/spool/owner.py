@@ -29,10 +29,11 @@ class Locks:
         self._mutex = threading.Lock()
 
     def take(self, path: Path) -> bool:
-        """Takes ``path``'s lock without waiting; False if a live owner holds it."""
+        """Takes ``path``'s lock without waiting; False if a live owner holds it, another
+        pipeline of this process included (it is alive: its files are not to adopt)."""
         with self._mutex:
             if path in self._held:
-                return True
+                return False
             lock = FileLock(str(path), thread_local=False)
             try:
                 lock.acquire(timeout=0)

@@ -135,6 +135,7 @@ class Spool:
         self.io = io
         self.token = token
         self._lock_path = self.dir / f"{token}.lock"
+        self._locked = False  # our lock, taken at our first write here
         self._writes = 0
 
     @property
@@ -155,7 +156,8 @@ class Spool:
 
     def _write_file(self, path: Path, data: bytes) -> None:
         self.dir.mkdir(parents=True, exist_ok=True)
-        locks.take(self._lock_path)  # ours from the first write on
+        if not self._locked:  # ours from the first write on (the token is ours alone)
+            self._locked = locks.take(self._lock_path)
         tmp = self.dir / f".{self.token}.{path.name}.tmp"
         # No fsync: the page cache survives a SIGKILL of this process, which is the crash the
         # spool is for; surviving a power loss would cost a disk flush per batch.

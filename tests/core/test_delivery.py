@@ -202,3 +202,30 @@ def test_a_lane_that_dies_keeps_its_records_and_stops_nothing_else(
     assert closed.spooled == 10 and closed.pending == 0  # kept: on disk for the next start
     with AppRun("r", [InMemoryTracker(name="broken")], spool_dir=str(tmp_path)) as again:
         assert again.flush(30).delivered == 10
+
+
+def test_two_live_runs_of_one_id_in_a_process_never_take_each_others_spool(
+    make_run: MakeRun, tmp_path: Path
+) -> None:
+    # A live pipeline's segments are not a dead one's, even in this same process (the
+    # simulator's fork rule found a second pipeline adopting them: duplicates).
+    import threading
+
+    from tests.faulty import Hang
+
+    release = threading.Event()
+    stuck = FaultyTracker(InMemoryTracker(), name="b").on("write_batch", 1, action=Hang(release))
+    first = make_run("same", [stuck], spool_dir=str(tmp_path), durable=True)
+    for i in range(5):
+        first.log_metric("m", float(i), step=i)
+    first.flush(0)
+    assert stuck.wait_for("write_batch", 1)
+    assert segments(tmp_path)  # written ahead, and held by the live first run
+    other = InMemoryTracker(name="b")
+    second = make_run("same", [other], spool_dir=str(tmp_path))
+    second.log_metric("n", 1.0, step=0)
+    assert second.flush(30).ok
+    assert other.points("same", "m") == []  # the first run's records stay the first run's
+    release.set()
+    assert first.close(30).ok
+    assert [p.step for p in stuck.inner.points("same", "m")] == list(range(5))  # type: ignore[attr-defined]

@@ -28,6 +28,7 @@ STEP_KINDS = (
     + ["spool_fault"] * 3
     + ["foreign"] * 2
     + ["crash"] * 3
+    + ["fork"] * 2
     + ["close"] * 3
     + ["close_while_flushing"] * 2
 )
@@ -103,6 +104,8 @@ async def apply(world: World, step: Step) -> None:
         else:
             (directory / f"junk{step.a}").mkdir(exist_ok=True)
             (directory.parent / f"stray{step.a}").write_text("in the run directory")
+    elif step.kind == "fork":
+        await world.fork(run, 1 + step.a)
     elif step.kind == "crash":
         await world.crash(run)
     elif step.kind == "close":

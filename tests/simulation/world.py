@@ -201,6 +201,7 @@ class Written:
     poison: bool = False
     artifact: str | None = None  # artifact name (its path holds the index)
     source: str | None = None  # source id
+    origin: int = 0  # 0: the job's main process; k: the k-th forked child (its own order)
 
 
 @dataclass
@@ -254,6 +255,7 @@ class World:
         )
         self.log: list[str] = []
         self._apps: dict[str, AppRun] = {}
+        self.forks = 0
         for run in RUNS:
             self.start(run)
 
@@ -344,6 +346,51 @@ class World:
             model.writes.append(written)
             inc.accepted.append(written)
 
+    async def fork(self, run: str, count: int) -> None:
+        """A forked child (a DataLoader worker) of the job: it starts empty, with a pipeline
+        of its own on the same spool directory (another live owner beside the parent), logs
+        ``count`` points and exits through close(). The parent's records are never its."""
+        self.forks += 1
+        child_origin = self.forks
+        ingress = Ingress()
+        pipeline = RunPipeline(
+            run,
+            ingress,
+            [(n, b) for n, b in self.backends.items()],
+            self.options,
+            clock=self.clock,
+            io=self.io,
+            token=new_token(int(self.clock.now() * 1e9) + 7919 * self.forks),
+            rng=random.Random(self.rng.random()),
+        )
+        scope = anyio.CancelScope()
+        child = Incarnation(pipeline, ingress, scope, ingress.append, ingress.extend)
+
+        async def lanes() -> None:
+            try:
+                with scope:
+                    async with anyio.create_task_group() as tg:
+                        for lane in pipeline.lanes:
+                            tg.start_soon(lane.run)
+            finally:
+                child.stopped.set()
+
+        self.tg.start_soon(lanes)
+        model = self.models[run]
+        name = f"fork{child_origin}"
+        for step in range(count):
+            written = Written(len(model.writes), uid(name, step), origin=child_origin)
+            ingress.append((name, float(written.index), step, self.clock.now()))
+            model.writes.append(written)
+            child.accepted.append(written)
+        report = await pipeline.close(self.rng.choice([0.0, 1.0, 30.0]))
+        scope.cancel()
+        await child.stopped.wait()
+        total = report.delivered + report.pending + report.spooled + report.dropped
+        adopted = sum(lane.adopted for lane in pipeline.lanes)  # dead pipelines' leftovers
+        assert total == count * len(self.backends) + adopted, (report, count)
+        self._bury(run, child)
+
     async def crash(self, run: str) -> None:
         """The process dies where it is: in-memory records are gone, the spool stays, and
         the OS releases its locks. Then the job restarts with the same spool. (A write whose
@@ -352,9 +399,13 @@ class World:
         inc.scope.cancel()
         await inc.stopped.wait()
         self._bury(run, inc)
+        # The OS releases a dead process's locks: its own, and those of what it adopted.
+        tokens = {inc.pipeline.token}
+        for lane in inc.pipeline.lanes:
+            tokens.update(lane._adopted)
         for path in list(locks._held):
-            if run_dir_name(run) in str(path):
-                locks.drop(path)  # the OS releases a dead process's locks
+            if run_dir_name(run) in str(path) and path.name[: -len(".lock")] in tokens:
+                locks.drop(path)
         self.start(run)
 
     async def close(self, run: str, timeout: float) -> None:
@@ -447,9 +498,10 @@ class World:
         twice only if its batch was written in part before a failure, or was the head of
         the lane when the process crashed."""
         index = {w.uid: w.index for w in self.models[run].writes if w.uid is not None}
+        origin = {w.uid: w.origin for w in self.models[run].writes if w.uid is not None}
         for name, backend in self.backends.items():
             seen: set[str] = set()
-            last = -1
+            last: dict[int, int] = {}  # per process: a fork's writes have their own order
             allowed = backend.tainted | self.models[run].heads_at_crash.get(name, set())
             for u, key in backend.arrivals.get(run, []):
                 if u in seen:
@@ -458,8 +510,8 @@ class World:
                     )
                     continue
                 seen.add(u)
-                assert index[u] > last, f"{name}: {u} arrived out of call order"
-                last = index[u]
+                assert index[u] > last.get(origin[u], -1), f"{name}: {u} arrived out of order"
+                last[origin[u]] = index[u]
 
     def _ack_lost(self, key: str) -> bool:
         """Whether the batch of ``key`` (time-token-seq) was delivered while its pipeline
