@@ -256,11 +256,18 @@ class World:
         self.log: list[str] = []
         self._apps: dict[str, AppRun] = {}
         self.forks = 0
+        self.launches = 0
         for run in RUNS:
             self.start(run)
 
     # -- life of a run --------------------------------------------------------------------------
     def start(self, run: str) -> None:
+        """A new life of the run (a process started again), its lanes running."""
+        self.runs[run] = self._launch(run)
+
+    def _launch(self, run: str) -> Incarnation:
+        """A pipeline of ``run`` with a token of its own, its lane tasks started."""
+        self.launches += 1
         ingress = Ingress()
         holder: list[Incarnation] = []
 
@@ -275,12 +282,12 @@ class World:
             self.options,
             clock=self.clock,
             io=self.io,
-            token=new_token(int(self.clock.now() * 1e9) + len(self.log)),
+            token=new_token(int(self.clock.now() * 1e9) + self.launches),
             rng=random.Random(self.rng.random()),
             set_hot=set_hot,  # type: ignore[arg-type]
         )
         scope = anyio.CancelScope()
-        inc = self.runs[run] = Incarnation(pipeline, ingress, scope, ingress.append, ingress.extend)
+        inc = Incarnation(pipeline, ingress, scope, ingress.append, ingress.extend)
         holder.append(inc)
 
         async def lanes() -> None:
@@ -293,6 +300,7 @@ class World:
                 inc.stopped.set()
 
         self.tg.start_soon(lanes)
+        return inc
 
     def write(self, run: str, writer: int, count: int, kind: str) -> None:
         inc = self.runs[run]
@@ -352,30 +360,8 @@ class World:
         ``count`` points and exits through close(). The parent's records are never its."""
         self.forks += 1
         child_origin = self.forks
-        ingress = Ingress()
-        pipeline = RunPipeline(
-            run,
-            ingress,
-            [(n, b) for n, b in self.backends.items()],
-            self.options,
-            clock=self.clock,
-            io=self.io,
-            token=new_token(int(self.clock.now() * 1e9) + 7919 * self.forks),
-            rng=random.Random(self.rng.random()),
-        )
-        scope = anyio.CancelScope()
-        child = Incarnation(pipeline, ingress, scope, ingress.append, ingress.extend)
-
-        async def lanes() -> None:
-            try:
-                with scope:
-                    async with anyio.create_task_group() as tg:
-                        for lane in pipeline.lanes:
-                            tg.start_soon(lane.run)
-            finally:
-                child.stopped.set()
-
-        self.tg.start_soon(lanes)
+        child = self._launch(run)
+        ingress, pipeline = child.ingress, child.pipeline
         model = self.models[run]
         name = f"fork{child_origin}"
         for step in range(count):
@@ -384,7 +370,7 @@ class World:
             model.writes.append(written)
             child.accepted.append(written)
         report = await pipeline.close(self.rng.choice([0.0, 1.0, 30.0]))
-        scope.cancel()
+        child.scope.cancel()
         await child.stopped.wait()
         total = report.delivered + report.pending + report.spooled + report.dropped
         adopted = sum(lane.adopted for lane in pipeline.lanes)  # dead pipelines' leftovers
