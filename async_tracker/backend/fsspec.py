@@ -419,10 +419,12 @@ class AsyncFsspecTracker(AsyncTrackerBase):
     ) -> None:
         # Grouped by name with C loops (a stable sort keeps each name's points in order,
         # zip makes the columns): no Python loop per point.
-        columns: dict[str, tuple[tuple[int, ...], tuple[float, ...], tuple[float, ...]]] = {}
+        grouped: dict[str, tuple[tuple[int, ...], tuple[float, ...], tuple[float, ...]]] = {}
         for name, group in itertools.groupby(sorted(metrics, key=_NAME), key=_NAME):
             _, values, steps, times = zip(*group)
-            columns[name] = (steps, values, times)
+            grouped[name] = (steps, values, times)
+        # Lines in the order the names first came (readers list metrics in that order).
+        columns = {name: grouped[name] for name in dict.fromkeys(map(_NAME, metrics))}
         where = self._path(run_id, METRICS_DIR)
         data = b"".join(
             _encode_json({"name": n, "step": s, "value": v, "time": t}, f"metric {n!r} in {where}")
