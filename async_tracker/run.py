@@ -3,7 +3,7 @@
 Writes (``add_metadata``, ``add_artifact``, ``add_source``, ``log_metric``, ``log_metrics``)
 check their input, stamp the time and append one tuple to an in-memory buffer: they never
 block, do no I/O and never touch an event loop. The process's tracker loop drains the buffer
-in the background (see :mod:`async_tracker.flusher`). Reads flush first, so they see the
+in the background (see :mod:`async_tracker.pipeline`). Reads flush first, so they see the
 caller's own writes.
 
 Example::
@@ -156,7 +156,7 @@ class AppRun:
         # Reentrant: the SIGTERM handler closes runs on the main thread, which may be holding
         # this lock at that moment (in its first write, or in close()).
         self._start_lock = threading.RLock()
-        self._flusher: RunPipeline | None = None
+        self._pipeline: RunPipeline | None = None
         self._close_report: FlushReport | None = None
         # The flusher's close, once started: a second close() (another thread, the exit hook,
         # a close() after a cancelled aclose()) waits for it instead of closing again.
@@ -272,11 +272,11 @@ class AppRun:
 
     def _ensure_started(self) -> RunPipeline:
         with self._start_lock:
-            if self._flusher is None:
+            if self._pipeline is None:
                 if self.closed:
                     raise TrackerClosedError(f"run {self.id!r} is closed")
                 flusher = get_flusher()
-                self._flusher = RunPipeline(
+                self._pipeline = RunPipeline(
                     self.id,
                     self._ingress,
                     list(zip(self._names, self._async_backends)),
@@ -286,20 +286,20 @@ class AppRun:
                 )
                 # Registration runs on the loop (the lanes become its tasks); we do not wait
                 # for it: records appended meanwhile simply wait in the buffer.
-                flusher.loop.submit(flusher.add, self._flusher)
+                flusher.loop.submit(flusher.add, self._pipeline)
                 self._append = self._ingress.append
                 self._extend = self._ingress.extend
                 # Held until closed: a run dropped without close() still has records to
                 # deliver, and the exit hook must find it.
                 shutdown.hold(self)
-            return self._flusher
+            return self._pipeline
 
     def _set_hot(self, mode: HotPath) -> None:
         """The pipeline's switch of the hot path into and out of an overload (on the tracker
         loop). Under the lock, so that it never undoes close()'s switch to _closed_append;
         then it waits until no writer still uses the old path (see ingress.py)."""
         with self._start_lock:
-            pipeline = self._flusher
+            pipeline = self._pipeline
             if self.closed or pipeline is None:
                 return
             if mode == "block":
@@ -324,19 +324,19 @@ class AppRun:
         """Delivers everything written so far, waiting at most ``timeout`` seconds (None:
         until each backend has delivered or exhausted its retries)."""
         self._check_open()
-        if self._flusher is None:
+        if self._pipeline is None:
             return self._idle_report()
         try:
-            return self._run_on_loop(self._flusher.flush, timeout, timeout=timeout)
+            return self._run_on_loop(self._pipeline.flush, timeout, timeout=timeout)
         except concurrent.futures.TimeoutError:
             return FlushReport.from_status(self.status(), timed_out=True)
 
     async def aflush(self, timeout: float | None = None) -> FlushReport:
         """``flush()`` for async callers: awaits the tracker loop, never blocks this loop."""
         self._check_open()
-        if self._flusher is None:
+        if self._pipeline is None:
             return self._idle_report()
-        return await _await_on_tracker_loop(self._flusher.flush, timeout)
+        return await _await_on_tracker_loop(self._pipeline.flush, timeout)
 
     def _check_open(self) -> None:
         # After close() the lanes are stopped: a flush would wait for lanes that no longer
@@ -350,26 +350,25 @@ class AppRun:
         with self._start_lock:
             self.closed = True
             self._append = self._extend = self._closed_append
-            pipeline = self._flusher
+            pipeline = self._pipeline
         if pipeline is not None:
             # Writers blocked by the block policy give up now; then wait until no thread is
             # inside a write (one may have fetched the old append just before the swap), so
             # that the final drain sees every write that returned normally.
-            pipeline.closed = True
-            pipeline._room.set()
+            pipeline.seal()
             # Bounded: at least a moment (a writer needs only its next turn at the GIL), at
             # most a second; within close()'s slack even for close(timeout=0).
             if not wait_for_writers(_WRITE_CODES, min(max(timeout, 0.1), 1.0)):
                 logger.warning("async_tracker: run %r: a writer is stuck in a write", self.id)
         shutdown.release(self)
-        flusher = self._flusher
-        if self._close_report is not None or flusher is None:
+        pipeline = self._pipeline
+        if self._close_report is not None or pipeline is None:
             report = self._close_report or self._idle_report()
             self._close_report = report
             return lambda _: report
         with self._start_lock:
             if self._close_future is None:
-                self._close_future = get_loop().submit(flusher.close, timeout)
+                self._close_future = get_loop().submit(pipeline.close, timeout)
             future = self._close_future
         if get_loop().in_loop_thread():
             # Called on the tracker loop itself (from a backend's code): waiting here would
@@ -441,14 +440,14 @@ class AppRun:
     def status(self) -> TrackerStatus:
         """Per backend: buffered, in flight, delivered, dropped, retries, last error, lag.
         Reads counters only; never waits for the tracker loop."""
-        if self._flusher is None:
+        if self._pipeline is None:
             # Nothing written yet: every backend, idle.
             idle = {
                 name: BackendStatus(name, 0, 0, 0, 0, 0, 0, None, 0.0, True)
                 for name in self._names
             }
             return TrackerStatus(self.id, self.closed, idle)
-        return self._flusher.status()
+        return self._pipeline.status()
 
     def __enter__(self) -> AppRun:
         return self
@@ -484,7 +483,7 @@ class AppRun:
         """In a forked child: forget the parent's records and flusher; start anew on the
         next write. Called by :mod:`async_tracker.shutdown`; no other thread exists yet."""
         self._ingress.clear()
-        self._flusher = None
+        self._pipeline = None
         self._close_future = None
         self._start_lock = threading.RLock()
         if not self.closed and self._async_backends:
@@ -495,19 +494,19 @@ class AppRun:
         """The backend reads go to (the first, as in torchx) and its lane, if any."""
         if not self._async_backends:
             return None
-        flusher = self._flusher
-        lanes = [flusher.lanes[0]] if flusher is not None else []
+        pipeline = self._pipeline
+        lanes = [pipeline.lanes[0]] if pipeline is not None else []
         return self._async_backends[0], lanes
 
     async def _read(self, method: str, *args: Any) -> Any:
         reader = self._reader()
         assert reader is not None
         backend, lanes = reader
-        if self._flusher is not None and not self.closed:
+        if self._pipeline is not None and not self.closed:
             # Only the lane we read from: a slow second backend must not delay this read.
             # Bounded like close(): a hung backend delays a read, never holds it forever
             # (the read then may miss this process's latest writes).
-            await self._flusher.flush(self.options.close_timeout, lanes)
+            await self._pipeline.flush(self.options.close_timeout, lanes)
         return await getattr(backend, method)(self.id, *args)
 
     def _read_sync(self, method: str, *args: Any) -> Any:

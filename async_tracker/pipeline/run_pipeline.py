@@ -303,12 +303,17 @@ class RunPipeline:
             if stalled >= PACKED_STALL_ROUNDS:
                 self.cut(everything=True)
 
+    def seal(self) -> None:
+        """The run takes no more writes (from any thread): writers waiting for room under
+        the block policy give up now, with TrackerClosedError."""
+        self.closed = True
+        self._room.set()
+
     async def close(self, timeout: float) -> FlushReport:
         """Delivers what it can until ``timeout``, then stops the lanes whatever they do and
         spools what they still hold in memory. The ingress was sealed by the caller."""
         deadline = self.clock.now() + timeout
-        self.closed = True
-        self._room.set()  # writers blocked by the block policy give up now
+        self.seal()
         try:
             return await self._close(deadline)
         finally:

@@ -184,8 +184,8 @@ def test_a_lane_that_dies_keeps_its_records_and_stops_nothing_else(
     neighbour = make_run("n", [other], spool_dir=str(tmp_path))
     run.add_metadata(start=True)
     assert run.flush().ok
-    assert run._flusher is not None
-    lane = run._flusher.lanes[0]
+    assert run._pipeline is not None
+    lane = run._pipeline.lanes[0]
 
     async def bug(entry: object) -> bool:
         raise RuntimeError("a bug in the lane")
