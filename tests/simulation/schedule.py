@@ -29,6 +29,7 @@ STEP_KINDS = (
     + ["foreign"] * 2
     + ["crash"] * 3
     + ["fork"] * 2
+    + ["crash_while_closing"] * 2
     + ["close"] * 3
     + ["close_while_flushing"] * 2
 )
@@ -104,6 +105,14 @@ async def apply(world: World, step: Step) -> None:
         else:
             (directory / f"junk{step.a}").mkdir(exist_ok=True)
             (directory.parent / f"stray{step.a}").write_text("in the run directory")
+    elif step.kind == "crash_while_closing":
+        # A signal ends the process in the middle of close(): what the close had done stays.
+        pipeline = world.runs[run].pipeline
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(pipeline.close, step.b)
+            await world.clock.sleep(step.b / 4)
+            tg.cancel_scope.cancel()
+        await world.crash(run)
     elif step.kind == "fork":
         await world.fork(run, 1 + step.a)
     elif step.kind == "crash":
