@@ -155,6 +155,7 @@ class Lane:
             self._idle.set()
             self._scope = anyio.CancelScope()
             self._spill_scope = anyio.CancelScope()
+            self._deliver_scope = anyio.CancelScope()
             self._bound = True
 
     # -- called by the run's pipeline, on the loop ---------------------------------------------
@@ -243,7 +244,7 @@ class Lane:
         with self._scope:
             async with anyio.create_task_group() as tg:
                 tg.start_soon(self._supervised, self._spill_forever, self._spill_scope)
-                await self._supervised(self._deliver_forever, anyio.CancelScope())
+                await self._supervised(self._deliver_forever, self._deliver_scope)
 
     async def _supervised(
         self, task: Callable[[], Awaitable[None]], scope: anyio.CancelScope
@@ -574,21 +575,14 @@ class Lane:
             self._writing.difference_update(id(e) for e in run)
             self._idle.set()
         self._spool_failing = False
-        live = {id(e) for e in self.log}
-        left = 0
+        # All still in the log: the deliverer waits for an entry being written, and the one
+        # in flight is never part of a run.
         for i, entry in enumerate(run):
-            if id(entry) in live:  # not delivered while it was being written
-                entry.segment = segment
-                entry.lines = [i]
-                self.memory -= entry.records
-                self.disk += entry.records
-                left += 1
-        self._left[segment.path] = left
-        if left < len(run):
-            # Some were delivered meanwhile: the ack tells a replay to skip their lines.
-            await self.spool.ack(self.spool.token, self.acked)
-        if left == 0:
-            await self._segment_done(segment, None)
+            entry.segment = segment
+            entry.lines = [i]
+            self.memory -= entry.records
+            self.disk += entry.records
+        self._left[segment.path] = len(run)
         if not self.durable or self.parked or self.overloaded or self.memory > self.memory_limit:
             self._evict(segment)
         self._written.set()
@@ -631,15 +625,20 @@ class Lane:
 
     # -- close ----------------------------------------------------------------------------------
     def stop(self) -> None:
-        """Stops delivery for good (a write hung in a worker thread is left behind), lets a
-        segment being written finish (bounded by the caller), then stops the spiller."""
+        """Stops delivery for good (a write hung in a worker thread is left behind). The
+        spiller goes on until :meth:`spool_leftovers`: a segment it is writing must finish
+        (cancelled, the file could still appear, and its records be written twice)."""
         self.bind()
-        self._scope.cancel()
+        self._deliver_scope.cancel()
 
     async def spool_leftovers(self) -> None:
         """After :meth:`stop`: writes what is still in memory only to disk, each run of
         consecutive entries to its own segment, so that a replay keeps the order."""
-        await self._idle.wait()
+        try:
+            while not self._idle.is_set():  # the spiller may have begun another write since
+                await self._idle.wait()
+        finally:
+            self._scope.cancel()  # no task of the lane runs again: what is in memory is ours
         runs: list[list[Entry]] = []
         current: list[Entry] = []
         for entry in self.log:
