@@ -56,10 +56,17 @@ def run_child(tmp_path: Path, body: str) -> tuple[str, FileTracker]:
     its stdout and its store."""
     store = FileTracker(tmp_path / "store.jsonl")
     script = PRELUDE + textwrap.dedent(body)
+    stdout = run_guarded(["-c", script, str(store.path)], REPO, "the child")
+    return stdout, store
+
+
+def run_guarded(args: list[str], cwd: Path, what: str) -> str:
+    """``python *args`` in ``cwd``, killed past the hang guard; asserts a clean exit by
+    itself and returns its stdout."""
     try:
         proc = subprocess.run(
-            [sys.executable, "-c", script, str(store.path)],
-            cwd=REPO,
+            [sys.executable, *args],
+            cwd=cwd,
             env=python_env(),
             capture_output=True,
             text=True,
@@ -67,11 +74,11 @@ def run_child(tmp_path: Path, body: str) -> tuple[str, FileTracker]:
         )
     except subprocess.TimeoutExpired as exc:
         raise AssertionError(
-            f"the child did not exit in {HANG_GUARD_S} s (killed); stdout:\n{exc.stdout!r}\n"
+            f"{what} did not exit in {HANG_GUARD_S} s (killed); stdout:\n{exc.stdout!r}\n"
             f"stderr:\n{exc.stderr!r}"
         ) from None
     assert_clean_exit(proc.returncode, proc.stdout, proc.stderr)
-    return proc.stdout, store
+    return proc.stdout
 
 
 def assert_clean_exit(returncode: int, stdout: str, stderr: str) -> None:
@@ -470,19 +477,9 @@ def test_jupyter_kernel(tmp_path: Path, nest: bool) -> None:
     if nest:
         need("nest_asyncio")
     store = FileTracker(tmp_path / "store.jsonl")
-    try:
-        proc = subprocess.run(
-            [sys.executable, "-c", NOTEBOOK_DRIVER, str(REPO), str(store.path), str(int(nest))],
-            cwd=tmp_path,
-            env=python_env(),
-            capture_output=True,
-            text=True,
-            timeout=HANG_GUARD_S,
-        )
-    except subprocess.TimeoutExpired as exc:
-        raise AssertionError(
-            f"the notebook did not finish in {HANG_GUARD_S} s; stdout:\n{exc.stdout!r}\n"
-            f"stderr:\n{exc.stderr!r}"
-        ) from None
-    assert_clean_exit(proc.returncode, proc.stdout, proc.stderr)
+    run_guarded(
+        ["-c", NOTEBOOK_DRIVER, str(REPO), str(store.path), str(int(nest))],
+        tmp_path,
+        "the notebook",
+    )
     assert_stored_once(store, "nb", 150)
