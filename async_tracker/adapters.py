@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 import anyio
 import anyio.to_thread
 
-from async_tracker.base import AsyncTrackerBase, TrackerBase, backend_name
+from async_tracker.base import AsyncTrackerBase, CloseReason, TrackerBase, backend_name
 from async_tracker.loop import get_loop
 from async_tracker.records import (
     Lineage,
@@ -129,7 +129,7 @@ class ThreadedTracker(AsyncTrackerBase):
             return {}
         return await self._threads.run(self.tracker.metrics, run_id)  # type: ignore[attr-defined]
 
-    async def aclose(self) -> None:
+    async def aclose(self, reason: CloseReason = "finished") -> None:
         close = getattr(self.tracker, "close", None)
         if callable(close):
             await self._threads.run(close)
@@ -194,8 +194,8 @@ class SyncTracker(TrackerBase):
     def metrics(self, run_id: str) -> Mapping[str, Sequence[TrackerMetric]]:
         return self._call(self.async_tracker.metrics, run_id)
 
-    def close(self) -> None:
-        self._call(self.async_tracker.aclose)
+    def close(self, reason: CloseReason = "finished") -> None:
+        self._call(self.async_tracker.aclose, reason)
 
     def __repr__(self) -> str:
         return f"as_sync({self.async_tracker!r})"

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Mapping, Sequence
+from typing import Literal, TypeAlias
 
 from async_tracker.records import (
     Batch,
@@ -19,6 +20,14 @@ from async_tracker.records import (
     TrackerMetric,
     TrackerSource,
 )
+
+CloseReason: TypeAlias = Literal["finished", "failed", "killed"]
+"""How a run ended: ``finished`` (a clean exit or ``close()``), ``failed`` (the job exits on
+an exception, or a ``with`` block is left by one), ``killed`` (SIGTERM)."""
+
+Checked: TypeAlias = "TrackerMetric | Mapping[str, object] | TrackerArtifact | TrackerSource"
+"""What :meth:`AsyncTrackerBase.validate` is given: a metric point, the metadata of one
+``add_metadata`` call, an artifact or a source."""
 
 
 class TrackerBase(ABC):
@@ -76,10 +85,15 @@ class AsyncTrackerBase(ABC):
     """An async tracker backend.
 
     Implement the eight torchx methods as coroutines plus ``add_metrics`` and ``metrics``.
-    Override ``write_batch`` to store a whole flush in bulk, and ``aclose`` to release
-    resources. Raise ``ConnectionError``, ``TimeoutError`` or
-    :class:`~async_tracker.errors.TransientBackendError` for failures worth retrying; anything
-    else is treated as permanent.
+    Override ``write_batch`` to store a whole flush in bulk. The rest of the contract, all
+    optional:
+
+    * ``validate(record)``: refuse at the call site what this backend cannot store.
+    * ``map_error(exc)``: map this backend's libraries' errors to the tree of
+      :mod:`async_tracker.errors`, which decides retry, keep or drop.
+    * ``end_run(run_id, reason)``: a run is done with this backend (every ``AppRun`` calls it
+      at close, also on backends the user built).
+    * ``aclose(reason)``: release the backend (called for the backends a run built itself).
 
     ``name`` names the backend in reports, ``status()`` and spool keys (default: class name).
     """
@@ -156,9 +170,35 @@ class AsyncTrackerBase(ABC):
             await self.add_metrics(run_id, batch.metrics)
             batch.done.add("metrics")
 
-    async def aclose(self) -> None:  # noqa: B027 - optional, not abstract
-        """Releases the backend's resources. ``AppRun.close()`` calls it for the backends the
-        run built itself (from ``TORCHX_TRACKERS``); close backends you built yourself."""
+    def validate(self, record: Checked) -> None:  # noqa: B027 - optional, not abstract
+        """Raises ``TypeError`` or ``ValueError`` naming the key when this backend cannot
+        store ``record`` (a key over its length limit, a value too large).
+
+        Called on the caller's thread before anything of the call is kept, after the generic
+        checks (names are non-empty strings, values JSON data, metric values floats, steps
+        ints). For metrics it is called with the first point of each name only: later points
+        differ in value and step alone, which the generic checks cover. Keep it fast, with no
+        I/O: it runs inside the training loop's writes.
+        """
+
+    def map_error(self, exc: BaseException) -> BaseException:
+        """The error a lane should see for ``exc``, raised by this backend or its libraries:
+        a :class:`~async_tracker.errors.TransientBackendError` (retry with backoff), a
+        :class:`~async_tracker.errors.PermanentBackendError` (keep the records, retry after a
+        cooldown) or a :class:`~async_tracker.errors.RecordError` (drop only the refused
+        records). The default keeps ``exc``: builtins are classified by
+        :func:`~async_tracker.errors.classify`, and anything unknown keeps the records."""
+        return exc
+
+    async def end_run(self, run_id: str, reason: CloseReason) -> None:  # noqa: B027
+        """``run_id`` is done: its ``AppRun`` closed with ``reason``, after its final
+        delivery. Called for every backend of the run, also those the user built (an MLflow
+        run is ended with the matching status). Bounded by the close deadline."""
+
+    async def aclose(self, reason: CloseReason = "finished") -> None:  # noqa: B027
+        """Releases the backend's resources; ``reason`` says how the job ended. ``AppRun``
+        calls it for the backends the run built itself (from ``TORCHX_TRACKERS``), after
+        ``end_run``; close backends you built yourself."""
 
 
 def backend_name(backend: object) -> str:

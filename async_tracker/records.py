@@ -130,9 +130,9 @@ def metric_value(name: str, value: object) -> float:
         return float(value)  # type: ignore[arg-type]
     except OverflowError as exc:  # an int beyond float's range: no key in float()'s message
         raise ValueError(f"metric {name!r}: value is out of the float range") from exc
-    except (TypeError, ValueError) as exc:
+    except Exception as exc:  # TypeError, ValueError, or whatever a __float__ raises
         raise TypeError(
-            f"metric {name!r}: value {value!r} of type {type(value).__name__} is not a number"
+            f"metric {name!r}: value of type {type(value).__name__} is not a number ({exc})"
         ) from exc
 
 

@@ -32,7 +32,13 @@ from typing import Any, SupportsFloat, SupportsIndex, TypeVar
 
 from async_tracker import shutdown
 from async_tracker.adapters import as_async
-from async_tracker.base import AsyncTrackerBase, TrackerBase, backend_name
+from async_tracker.base import (
+    AsyncTrackerBase,
+    Checked,
+    CloseReason,
+    TrackerBase,
+    backend_name,
+)
 from async_tracker.errors import DeliveryError, TrackerClosedError
 from async_tracker.factory import (
     ENV_TORCHX_JOB_ID,
@@ -66,6 +72,9 @@ from async_tracker.spool import check_run_id, default_spool_dir, has_spool
 logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
+
+# How many metric names a run remembers as checked (its hot path skips their checks).
+MAX_KNOWN_METRIC_NAMES = 100_000
 Backend = TrackerBase | AsyncTrackerBase
 
 
@@ -151,6 +160,15 @@ class AppRun:
             else [backend_name(b) for b in self._async_backends]
         )
         self._owns_backends = _owns_backends
+        # The backends that check records at the call site (see AsyncTrackerBase.validate).
+        self._validators = [
+            b.validate
+            for b in self._async_backends
+            if type(b).validate is not AsyncTrackerBase.validate
+        ]
+        # Metric names that passed every check: the hot path's set lookup. Bounded, so that
+        # a run logging ever new names keeps its memory (those take the slow path).
+        self._metric_names: set[str] = set()
         self._clock = clock
         self._ingress = Ingress()
         # Reentrant: the SIGTERM handler closes runs on the main thread, which may be holding
@@ -211,35 +229,44 @@ class AppRun:
         return self.id
 
     # -- writes: the hot path ----------------------------------------------------------------
+    # Each write checks its input (generic checks, then every backend's validate) before it
+    # keeps anything: a bad value raises here, naming its key, and nothing of the call is kept.
     def add_metadata(self, **kwargs: object) -> None:
         """Records metadata; a later value of a key replaces an earlier one.
         Values must be JSON data (dict, list, str, int, float, bool, None)."""
-        self._append((METADATA, check_metadata(kwargs)))
+        metadata = check_metadata(kwargs)
+        self._validate(metadata)
+        self._append((METADATA, metadata))
 
     def add_artifact(
         self, name: str, path: str, metadata: Mapping[str, object] | None = None
     ) -> None:
         """Records an artifact: a name, where it lives, and optional metadata."""
-        self._append((ARTIFACT, check_artifact(name, path, metadata)))
+        artifact = check_artifact(name, path, metadata)
+        self._validate(artifact)
+        self._append((ARTIFACT, artifact))
 
     def add_source(self, source_id: str, artifact_name: str | None = None) -> None:
         """Records that this run derives from ``source_id`` (a parent run, a data set ...)."""
-        self._append((SOURCE, check_source(source_id, artifact_name)))
+        source = check_source(source_id, artifact_name)
+        self._validate(source)
+        self._append((SOURCE, source))
 
     def log_metric(
         self, name: str, value: SupportsFloat, step: SupportsIndex | None = None
     ) -> None:
         """Records one metric point. ``value`` is anything ``float()`` takes (numpy scalars,
         0-d tensors); ``step`` defaults to the metric's previous step plus one."""
-        # The common case (a str name, a float value, an int or no step) costs three type
-        # checks; anything else takes the slow path, which converts or raises.
+        # The common case (a name seen before, a float value, an int or no step) costs two
+        # type checks and a set lookup; anything else takes the slow path, which converts,
+        # checks (also with every backend's validate) or raises.
         if (
             type(name) is not str
-            or not name
+            or name not in self._metric_names
             or type(value) is not float
             or (step is not None and type(step) is not int)
         ):
-            name, value, step = check_metric(name, value, step)
+            name, value, step = self._check_metric(name, value, step)
         self._append((name, value, step, self._clock()))
 
     def log_metrics(
@@ -255,11 +282,32 @@ class AppRun:
         points: list[tuple[object, ...]] = []
         for name, value in metrics.items():
             # The same fast path as log_metric; every point is checked before any is kept.
-            if type(name) is not str or not name or type(value) is not float or not step_ok:
-                points.append((*check_metric(name, value, step), now))
+            if (
+                type(name) is not str
+                or name not in self._metric_names
+                or type(value) is not float
+                or not step_ok
+            ):
+                points.append((*self._check_metric(name, value, step), now))
             else:
                 points.append((name, value, step, now))
         self._extend(points)
+
+    def _check_metric(
+        self, name: object, value: object, step: object
+    ) -> tuple[str, float, int | None]:
+        """log_metric's slow path: converts or raises naming the metric; a name not seen
+        before is also checked by every backend's ``validate``, then known."""
+        key, number, index = check_metric(name, value, step)
+        if key not in self._metric_names:
+            self._validate(TrackerMetric(key, number, index or 0, 0.0))
+            if len(self._metric_names) < MAX_KNOWN_METRIC_NAMES:
+                self._metric_names.add(key)
+        return key, number, index
+
+    def _validate(self, record: Checked) -> None:
+        for validate in self._validators:
+            validate(record)
 
     # -- lifecycle ----------------------------------------------------------------------------
     def _first_append(self, record: tuple[Any, ...]) -> None:
@@ -344,7 +392,9 @@ class AppRun:
         if self.closed:
             raise TrackerClosedError(f"run {self.id!r} is closed; flush() needs an open run")
 
-    def _start_close(self, timeout: float) -> Callable[[float], FlushReport]:
+    def _start_close(
+        self, timeout: float, reason: CloseReason
+    ) -> Callable[[float], FlushReport]:
         """Begins closing and returns a function that waits for the report. Split so that
         the exit hook can close every run at once."""
         with self._start_lock:
@@ -368,7 +418,7 @@ class AppRun:
             return lambda _: report
         with self._start_lock:
             if self._close_future is None:
-                self._close_future = get_loop().submit(pipeline.close, timeout)
+                self._close_future = get_loop().submit(pipeline.close, timeout, reason)
             future = self._close_future
         if get_loop().in_loop_thread():
             # Called on the tracker loop itself (from a backend's code): waiting here would
@@ -387,26 +437,32 @@ class AppRun:
 
         return wait
 
-    def close(self, timeout: float | None = None) -> FlushReport:
+    def close(
+        self, timeout: float | None = None, reason: CloseReason | None = None
+    ) -> FlushReport:
         """Delivers what it can within ``timeout`` (default ``close_timeout``) and stops.
 
         Returns within the timeout plus a small slack whatever the backends do; the report
         says what was not delivered. Idempotent; writes afterwards raise
-        :class:`TrackerClosedError`.
+        :class:`TrackerClosedError`. ``reason`` (how the job ended, passed to each backend's
+        ``end_run``: an MLflow run's status) defaults to ``failed`` when called while an
+        exception propagates or as the process exits on one, else ``finished``.
         """
         if self._close_report is not None:
             return self._close_report
         limit = self.options.close_timeout if timeout is None else timeout
-        report = self._start_close(limit)(limit)
+        report = self._start_close(limit, shutdown.close_reason(reason))(limit)
         self._check_strict(report)
         return report
 
-    async def aclose(self, timeout: float | None = None) -> FlushReport:
+    async def aclose(
+        self, timeout: float | None = None, reason: CloseReason | None = None
+    ) -> FlushReport:
         """``close()`` for async callers."""
         if self._close_report is not None:
             return self._close_report
         limit = self.options.close_timeout if timeout is None else timeout
-        wait = self._start_close(limit)
+        wait = self._start_close(limit, shutdown.close_reason(reason))
         future = self._close_future
         if future is None:  # nothing was started: wait() answers at once
             report = wait(limit)
@@ -459,7 +515,7 @@ class AppRun:
         tb: TracebackType | None,
     ) -> None:
         try:
-            self.close()
+            self.close(reason="finished" if exc is None else "failed")
         except DeliveryError:
             if exc is None:  # a strict run's error must not replace the caller's own
                 raise
@@ -474,7 +530,7 @@ class AppRun:
         tb: TracebackType | None,
     ) -> None:
         try:
-            await self.aclose()
+            await self.aclose(reason="finished" if exc is None else "failed")
         except DeliveryError:
             if exc is None:
                 raise

@@ -16,12 +16,14 @@ import logging
 import multiprocessing.util
 import os
 import signal
+import sys
 import threading
 import time
 import weakref
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
+from async_tracker.base import CloseReason
 from async_tracker.settings import DEFAULT_SIGTERM_GRACE_S, env_float
 
 if TYPE_CHECKING:
@@ -61,16 +63,48 @@ def unfinished_runs() -> list[AppRun]:
     return [r for r in list(_runs) if not r.close_finished()]
 
 
-def close_all(timeout: float | None = None) -> None:
+def exiting_on_exception() -> bool:
+    """Whether the code calling this is ending on an exception.
+
+    Two cases, checked in the calling thread:
+
+    * an exception is propagating through the caller (``close()`` in a ``finally`` block or
+      an ``except`` clause): ``sys.exc_info()``;
+    * the interpreter is exiting after an uncaught exception (our close runs from an atexit
+      hook): Python stores that exception in ``sys.last_exc``/``sys.last_value`` before it
+      runs atexit hooks. We trust it only when the main thread has finished, because an
+      interactive session (a notebook) keeps ``sys.last_value`` from any earlier error.
+
+    ``SystemExit`` with code 0 or None is a normal exit. A ``sys.exit(1)`` is not seen
+    (Python does not record it) and ends ``finished``; pass ``reason="failed"`` for that.
+    """
+    exc = sys.exc_info()[1]
+    if exc is None and not threading.main_thread().is_alive():
+        exc = getattr(sys, "last_exc", None) or getattr(sys, "last_value", None)
+    if exc is None:
+        return False
+    return not (isinstance(exc, SystemExit) and exc.code in (0, None))
+
+
+def close_reason(reason: CloseReason | None) -> CloseReason:
+    """``reason``, or when not given: ``failed`` while exiting on an exception, else
+    ``finished``. Decided in the caller's thread, which is where the exception is known."""
+    if reason is not None:
+        return reason
+    return "failed" if exiting_on_exception() else "finished"
+
+
+def close_all(timeout: float | None = None, reason: CloseReason | None = None) -> None:
     """Closes every open run concurrently, and waits for closes under way, within
     ``timeout`` (default: the longest ``close_timeout`` among them); logs what was not
-    delivered."""
+    delivered. ``reason`` defaults as :func:`close_reason` says."""
     runs = unfinished_runs()
     if not runs:
         return
+    why = close_reason(reason)
     limit = max(r.options.close_timeout for r in runs) if timeout is None else timeout
     deadline = time.monotonic() + limit
-    pending = [(r, r._start_close(max(0.0, deadline - time.monotonic()))) for r in runs]
+    pending = [(r, r._start_close(max(0.0, deadline - time.monotonic()), why)) for r in runs]
     for run, wait in pending:
         report = wait(max(0.0, deadline - time.monotonic()))
         if not report.ok:
@@ -91,7 +125,7 @@ def _on_sigterm(signum: int, frame: FrameType | None) -> None:
     previous = _previous_sigterm
     if previous in (signal.SIG_DFL, None):
         # The default action kills the process without running atexit: end runs now.
-        close_all(grace)
+        close_all(grace, "killed")
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         os.kill(os.getpid(), signal.SIGTERM)
         return

@@ -49,6 +49,7 @@ from async_tracker import (
     TrackerSource,
 )
 from async_tracker.backend.memory import InMemoryTracker
+from async_tracker.base import CloseReason
 from async_tracker.records import sort_points
 
 # ---------------------------------------------------------------------------------------------
@@ -298,8 +299,8 @@ class FaultyTracker(AsyncTrackerBase):
         # The base class's replay, so that faults on the single-record methods hit the parts.
         await self._invoke("write_batch", super().write_batch, run_id, batch)
 
-    async def aclose(self) -> None:
-        await self._invoke("aclose", self.inner.aclose)
+    async def aclose(self, reason: CloseReason = "finished") -> None:
+        await self._invoke("aclose", self.inner.aclose, reason)
         self.closed = True
 
     def __repr__(self) -> str:

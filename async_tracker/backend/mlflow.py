@@ -60,7 +60,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal, TypeVar, cast
 
 import anyio
 
@@ -82,7 +82,7 @@ from async_tracker.backend.errors import (
     leaves,
     map_group,
 )
-from async_tracker.base import AsyncTrackerBase
+from async_tracker.base import AsyncTrackerBase, CloseReason
 from async_tracker.errors import (
     BackendError,
     PermanentBackendError,
@@ -102,6 +102,7 @@ from async_tracker.records import (
     check_source,
     sort_points,
 )
+from async_tracker.shutdown import exiting_on_exception
 
 __all__ = [
     "DEFAULT_TRACKING_DIR",
@@ -486,29 +487,6 @@ def _is_run_not_active(exc: BaseException) -> bool:
 
 # =============================================================================================
 # FAILED or FINISHED
-
-
-def exiting_on_exception() -> bool:
-    """Whether the code calling this is ending on an exception.
-
-    Two cases, checked in the calling thread:
-
-    * an exception is propagating through the caller (``close()`` in a ``finally`` block or
-      an ``except`` clause, or ``__exit__`` of a ``with``): ``sys.exc_info()``;
-    * the interpreter is exiting after an uncaught exception (our close runs from an atexit
-      hook): Python stores that exception in ``sys.last_exc``/``sys.last_value`` before it
-      runs atexit hooks. We trust it only when the main thread has finished, because an
-      interactive session (a notebook) keeps ``sys.last_value`` from any earlier error.
-
-    ``SystemExit`` with code 0 or None is a normal exit. A ``sys.exit(1)`` is not seen
-    (Python does not record it) and ends FINISHED; pass ``status="FAILED"`` for that.
-    """
-    exc = sys.exc_info()[1]
-    if exc is None and not threading.main_thread().is_alive():
-        exc = getattr(sys, "last_exc", None) or getattr(sys, "last_value", None)
-    if exc is None:
-        return False
-    return not (isinstance(exc, SystemExit) and exc.code in (0, None))
 
 
 # =============================================================================================
@@ -1130,13 +1108,14 @@ class AsyncMLflowTracker(AsyncTrackerBase):
         if errors:
             raise errors[0]
 
-    async def aclose(self, status: RunStatus | None = None) -> None:
+    async def aclose(self, status: CloseReason | RunStatus | None = None) -> None:
         """Ends the MLflow runs this process wrote to: FINISHED, or FAILED when the process is
         exiting on an exception (see :func:`exiting_on_exception`), or ``status``. A run
         another rank already marked FAILED or KILLED keeps that status. Idempotent; writes
         afterwards still land (MLflow accepts writes to ended runs)."""
         if status is None:
             status = "FAILED" if exiting_on_exception() else "FINISHED"
+        status = cast(RunStatus, status.upper())
         if not any(ref.written for ref in self._runs.values()):
             return
         await self._blocking("set_terminated", self._terminate_sync, status)
@@ -1343,7 +1322,7 @@ class MLflowTracker(SyncTracker):
         params = flatten_params(cfg, key)  # on the caller's thread: errors raise here
         self._call(self.mlflow.log_params, run_name, params)
 
-    def close(self, status: RunStatus | None = None) -> None:
+    def close(self, status: CloseReason | RunStatus | None = None) -> None:
         """Ends the runs this process wrote to: FINISHED, or FAILED when called while an
         exception propagates or as the process exits on one (decided here, in the caller's
         thread, which is where that is known)."""

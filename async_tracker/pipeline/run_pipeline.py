@@ -25,7 +25,7 @@ from typing import Literal
 
 import anyio
 
-from async_tracker.base import AsyncTrackerBase
+from async_tracker.base import AsyncTrackerBase, CloseReason
 from async_tracker.clock import Clock
 from async_tracker.errors import TrackerClosedError
 from async_tracker.ingress import Ingress, Packed, Record
@@ -309,18 +309,19 @@ class RunPipeline:
         self.closed = True
         self._room.set()
 
-    async def close(self, timeout: float) -> FlushReport:
+    async def close(self, timeout: float, reason: CloseReason = "finished") -> FlushReport:
         """Delivers what it can until ``timeout``, then stops the lanes whatever they do and
-        spools what they still hold in memory. The ingress was sealed by the caller."""
+        spools what they still hold in memory; then tells every backend the run ended with
+        ``reason``. The ingress was sealed by the caller."""
         deadline = self.clock.now() + timeout
         self.seal()
         try:
-            return await self._close(deadline)
+            return await self._close(deadline, reason)
         finally:
             for scope in list(self._waiting):
                 scope.cancel()
 
-    async def _close(self, deadline: float) -> FlushReport:
+    async def _close(self, deadline: float, reason: CloseReason) -> FlushReport:
         with self.clock.deadline(deadline):
             await self._cut_all()
         self.cut(everything=True)  # what the deadline left packed: to the lanes, then disk
@@ -345,15 +346,30 @@ class RunPipeline:
                 except OSError as exc:
                     logger.warning("async_tracker: releasing the spool of %s: %s", lane.name, exc)
         report = self.report(timed_out=scope.cancelled_caught)
-        if self.owns_backends:
-            # Shielded: a backend left half-closed (an MLflow run left RUNNING) is worse than
-            # waiting out the rest of our deadline.
-            end = max(self.clock.now() + SPOOL_GRACE_S, deadline)
-            with self.clock.deadline(end, shield=True):
-                async with anyio.create_task_group() as tg:
-                    for lane in self.lanes:
-                        tg.start_soon(_aclose_quietly, lane)
+        # Shielded: a backend left half-closed (an MLflow run left RUNNING) is worse than
+        # waiting out the rest of our deadline. Every backend hears that the run ended (also
+        # those the user built); only those the run built are closed.
+        end = max(self.clock.now() + SPOOL_GRACE_S, deadline)
+        with self.clock.deadline(end, shield=True):
+            async with anyio.create_task_group() as tg:
+                for lane in self.lanes:
+                    tg.start_soon(self._end_quietly, lane, reason)
         return report
+
+    async def _end_quietly(self, lane: Lane, reason: CloseReason) -> None:
+        """end_run, then (for a backend the run built) aclose; a failure is logged and shown
+        as the lane's last error, never raised: the report is already made."""
+        step = "ending the run on"
+        try:
+            await lane.backend.end_run(self.run_id, reason)
+            if self.owns_backends:
+                step = "closing"
+                await lane.backend.aclose(reason)
+        except Exception as exc:
+            lane.last_error = describe(exc)
+            logger.warning(
+                "async_tracker: %s backend %s failed: %s", step, lane.name, lane.last_error
+            )
 
     def report(self, timed_out: bool = False) -> FlushReport:
         return FlushReport.from_status(self.status(), timed_out=timed_out)
@@ -372,11 +388,3 @@ class RunPipeline:
 
 def _take(source: Ingress | Packed, limit: int) -> list[Record]:
     return source.drain(limit) if isinstance(source, Ingress) else source.take(limit)
-
-
-async def _aclose_quietly(lane: Lane) -> None:
-    try:
-        await lane.backend.aclose()
-    except Exception as exc:
-        lane.last_error = describe(exc)
-        logger.warning("async_tracker: closing backend %s failed: %s", lane.name, lane.last_error)

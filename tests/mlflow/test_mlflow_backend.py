@@ -35,7 +35,6 @@ from async_tracker.backend.mlflow import (
     AsyncMLflowTracker,
     MLflowTracker,
     default_tracking_uri,
-    exiting_on_exception,
     map_error,
     plan_requests,
     run_key,
@@ -47,6 +46,7 @@ from async_tracker.errors import (
     TransientBackendError,
     classify,
 )
+from async_tracker.shutdown import exiting_on_exception
 from tests.mlflow.server import free_port
 
 if sys.version_info < (3, 11):  # pragma: no cover - 3.10
