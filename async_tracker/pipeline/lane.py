@@ -317,7 +317,7 @@ class Lane:
                 self.rng,
                 lambda: self.deadline,
                 self._on_retry,
-                self.backend.write_batch,
+                self._deliver,
                 self.run_id,
                 entry.batch,
             )
@@ -331,6 +331,17 @@ class Lane:
             return False
         self.healthy = True
         return True
+
+    async def _deliver(self, run_id: str, batch: Batch) -> None:
+        """One write of the backend, its failure as the backend maps it (map_error): the
+        lane decides retry, keep or drop by what the mapped error is."""
+        try:
+            await self.backend.write_batch(run_id, batch)
+        except Exception as exc:
+            mapped = self.backend.map_error(exc)
+            if mapped is exc:
+                raise
+            raise mapped from exc
 
     def _on_retry(self, exc: BaseException) -> None:
         self.retries += 1

@@ -167,3 +167,44 @@ def test_a_job_exit_ends_the_run_with_its_reason(
         assert proc.wait(60) == (1 if mode == "exception" else 0), proc.stderr()
     # The run built its backend (as from TORCHX_TRACKERS): ended, then closed, with the reason.
     assert json.loads(out.read_text()) == [["end_run", f"job:{reason}"], ["aclose", reason]]
+
+
+class Throttled(Exception):
+    """A library's own error that says nothing to classify() by its type."""
+
+
+def test_map_error_decides_retry_or_drop(make_run: MakeRun) -> None:
+    from async_tracker.errors import RecordError, TransientBackendError
+    from async_tracker.records import Batch
+
+    class Mapped(InMemoryTracker):
+        def __init__(self) -> None:
+            super().__init__()
+            self.failures = 2
+
+        async def write_batch(self, run_id: str, batch: Batch) -> None:
+            if self.failures:
+                self.failures -= 1
+                raise Throttled("slow down")
+            if any(p.value < 0 for p in batch.metrics):
+                raise ValueError("negative")
+            await super().write_batch(run_id, batch)
+
+        def map_error(self, exc: BaseException) -> BaseException:
+            if isinstance(exc, Throttled):
+                return TransientBackendError(str(exc))
+            if isinstance(exc, ValueError):
+                return RecordError(str(exc))
+            return exc
+
+    backend = Mapped()
+    run = make_run("r", [backend], batch_size=100)
+    for step in range(10):
+        run.log_metric("m", -1.0 if step == 3 else float(step), step=step)
+    report = run.close(30)
+    # Throttled twice: retried (mapped transient), not kept for a cooldown; the one negative
+    # value was found by splitting (mapped to a record error) and dropped alone.
+    assert report.delivered == 9 and report.dropped == 1 and not report.spooled, report
+    assert run.status().backends["Mapped"].retries >= 2
+    steps = [p.step for p in backend.runs["r"].metrics["m"].values()]
+    assert steps == [0, 1, 2, 4, 5, 6, 7, 8, 9]
