@@ -48,6 +48,7 @@ from async_tracker import (
     TrackerSource,
     TransientBackendError,
 )
+from async_tracker.base import Checked, CloseReason
 from async_tracker.errors import classify
 
 T0 = 1_700_000_000.0  # a fixed, whole-second epoch time for points written directly
@@ -164,6 +165,17 @@ class BackendConformance:
         """What this backend raises, through its own error mapping, for a passing outage and
         for a value it cannot store (backends with a library override this)."""
         return TransientBackendError("outage"), RecordError("cannot store this value")
+
+    def library_faults(self) -> tuple[BaseException, BaseException | None]:
+        """Errors as this backend's libraries raise them, unmapped: one that passes (an
+        outage) and one about a record (None if the backend has none). ``map_error`` must
+        make them transient and record errors."""
+        return ConnectionResetError("reset by peer"), None
+
+    def unstorable(self) -> Checked | None:
+        """A record this backend cannot store, which its ``validate`` refuses (None: it
+        stores whatever the generic checks let through)."""
+        return None
 
     @pytest.fixture
     def run_id(self) -> str:
@@ -472,3 +484,50 @@ class BackendConformance:
         steps = [p.step for p in (await backend.metrics(run_id))["loss"]]
         assert steps == [s for s in range(50) if s != 7]  # each once, in order
         assert dict(await backend.metadata(run_id)) == {"phase": "flaky"}
+
+    # -- the contract: validate, map_error, end_run / aclose(reason) -------------------------
+    async def test_validate_accepts_what_the_suite_stores(self, backend: AsyncTrackerBase) -> None:
+        backend.validate(METADATA)
+        backend.validate(pt("loss", 1.0, 0, 0))
+        backend.validate(TrackerArtifact("model", "/tmp/model.pt", {"size": 1}))
+        backend.validate(TrackerSource("parent-run", "model"))
+
+    async def test_validate_refuses_at_the_call_site_and_keeps_the_rest(
+        self, backend: AsyncTrackerBase, run_id: str
+    ) -> None:
+        bad = self.unstorable()
+        if bad is None:
+            pytest.skip("this backend stores whatever the generic checks let through")
+        with pytest.raises((TypeError, ValueError)):
+            backend.validate(bad)
+        async with AppRun(run_id, [backend], flush_interval=3600) as run:
+            with pytest.raises((TypeError, ValueError)):
+                if isinstance(bad, TrackerMetric):
+                    run.log_metrics({"good": 1.0, bad.name: bad.value}, step=0)
+                elif isinstance(bad, TrackerArtifact):
+                    run.add_artifact(bad.name, bad.path, bad.metadata)
+                elif isinstance(bad, TrackerSource):
+                    run.add_source(bad.source_run_id, bad.artifact_name)
+                else:
+                    run.add_metadata(good=1, **bad)
+            run.log_metric("loss", 1.0, step=0)
+            report = await run.aflush()
+        assert report.ok and report.delivered == 1, report  # nothing of the refused call
+        assert list(await backend.metrics(run_id)) == ["loss"]
+        assert dict(await backend.metadata(run_id)) == {}
+
+    async def test_map_error_sorts_the_libraries_errors(self, backend: AsyncTrackerBase) -> None:
+        outage, refused = self.library_faults()
+        assert classify(backend.map_error(outage)) == "transient"
+        if refused is not None:
+            assert classify(backend.map_error(refused)) == "record"
+        # An error nobody knows keeps the records (never "record", which would drop them).
+        assert classify(backend.map_error(RuntimeError("unknown"))) != "record"
+
+    @pytest.mark.parametrize("reason", ["finished", "failed", "killed"])
+    async def test_end_run_takes_every_reason_and_keeps_what_was_stored(
+        self, backend: AsyncTrackerBase, run_id: str, reason: CloseReason
+    ) -> None:
+        await backend.add_metrics(run_id, [pt("loss", 1.0, 0, 0)])
+        await backend.end_run(run_id, reason)
+        assert [p.step for p in (await backend.metrics(run_id))["loss"]] == [0]
