@@ -37,6 +37,8 @@ from collections.abc import Callable, Collection
 from types import CodeType
 from typing import Any, Final
 
+from async_tracker.records import MetricColumns
+
 METADATA: Final = "metadata"
 ARTIFACT: Final = "artifact"
 SOURCE: Final = "source"
@@ -135,6 +137,23 @@ class Packed:
                 self._index[name] = i
             return i
 
+    def take_columns(self, limit: int) -> MetricColumns | None:
+        """Up to ``limit`` of the oldest records as columns, without an object per point, if
+        they are all points with a step; else None, and nothing is taken (``take`` then)."""
+        n = min(limit, len(self))
+        if not n or not _COLUMNS_OK:
+            return None
+        raw = bytes(self._buf[: n * POINT.size])
+        index = _column(raw, 0, 4, n)
+        steps = _column(raw, 12, 8, n)
+        if _holds(index, _OTHER_BYTES) or _holds(steps, _NO_STEP_BYTES):
+            return None
+        del self._buf[: n * POINT.size]
+        # The table as it is now: names only grow, and every index taken is in it.
+        return MetricColumns(
+            list(self._names), index, _column(raw, 4, 8, n), steps, _column(raw, 20, 8, n)
+        )
+
     def take(self, limit: int) -> list[Record]:
         """Up to ``limit`` of the oldest records, as the deque holds them (on the loop)."""
         n = min(limit, len(self)) * POINT.size
@@ -154,6 +173,34 @@ class Packed:
             else:
                 out.append((names[i], value, None if step == NO_STEP else step, ts))
         return out
+
+
+# Columns are read in the machine's order (array, the spool): the packed points are
+# little-endian, so columns are made on little-endian machines alone (the others unpack).
+_COLUMNS_OK = sys.byteorder == "little"
+_OTHER_BYTES = struct.pack("<I", OTHER)
+_NO_STEP_BYTES = struct.pack("<q", NO_STEP)
+
+
+def _column(raw: bytes, offset: int, width: int, n: int) -> bytes:
+    """The field at ``offset`` (``width`` bytes) of ``n`` packed points, as one contiguous
+    column: ``width`` strided copies in C, nothing per point."""
+    out = bytearray(n * width)
+    for k in range(width):
+        out[k::width] = raw[offset + k :: POINT.size]
+    return bytes(out)
+
+
+def _holds(column: bytes, value: bytes) -> bool:
+    """Whether an item of ``column`` (items of ``len(value)`` bytes) equals ``value``: a C
+    search, then a check that the match is aligned on an item."""
+    width = len(value)
+    at = column.find(value)
+    while at >= 0:
+        if at % width == 0:
+            return True
+        at = column.find(value, at + 1)
+    return False
 
 
 def writers_inside(codes: Collection[CodeType]) -> int:

@@ -6,7 +6,9 @@ called directly) rejects the same bad input with the same message, naming the ke
 
 from __future__ import annotations
 
+import itertools
 import operator
+from array import array
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
@@ -99,7 +101,84 @@ class Batch:
         )
 
     def is_empty(self) -> bool:
-        return not (self.metadata or self.artifacts or self.sources or self.metrics)
+        return not (self.metadata or self.artifacts or self.sources or self.points())
+
+    def points(self) -> int:
+        """How many metric points it holds."""
+        return len(self.metrics)
+
+    def metric_columns(self) -> MetricColumns | None:
+        """Its metric points as columns, when it holds them that way (see ColumnBatch)."""
+        return None
+
+
+@dataclass(frozen=True)
+class MetricColumns:
+    """Metric points as columns of machine numbers: a name index (uint32), a value
+    (float64), a step (int64) and a time (float64) per point, and the name table. Made on
+    little-endian machines only (the packed ingress is little-endian), in their order.
+
+    The packed ingress becomes this with strided byte copies and no object per point, and the
+    spool stores it as it is: an overloaded run moves its points to disk at the speed of
+    memory copies, where objects per point would fall behind a loop that only logs.
+    """
+
+    names: Sequence[str]
+    index: bytes
+    values: bytes
+    steps: bytes
+    times: bytes
+
+    def __len__(self) -> int:
+        return len(self.index) // 4
+
+    def points(self) -> list[TrackerMetric]:
+        idx, values, steps, times = (
+            array(code, data)
+            for code, data in zip("Idqd", (self.index, self.values, self.steps, self.times))
+        )
+        return list(
+            map(_new_point, _METRIC, zip(map(self.names.__getitem__, idx), values, steps, times))
+        )
+
+
+_METRIC = itertools.repeat(TrackerMetric)
+_new_point = tuple.__new__
+
+
+class ColumnBatch(Batch):
+    """A batch of metric points alone, held as :class:`MetricColumns` until something
+    reads ``metrics`` (a backend's write): spooled, it never makes an object per point."""
+
+    def __init__(self, seq: int, columns: MetricColumns, *, first: int, key: str) -> None:
+        super().__init__(seq, records=len(columns), first=first, key=key)
+        self._columns: MetricColumns | None = columns
+        self._metrics: list[TrackerMetric] | None = None
+
+    @property
+    def metrics(self) -> list[TrackerMetric]:
+        if self._metrics is None:
+            self._metrics = self._columns.points() if self._columns is not None else []
+        return self._metrics
+
+    @metrics.setter
+    def metrics(self, value: list[TrackerMetric]) -> None:
+        # Batch.__init__ sets [] first; the columns are set after it.
+        self._metrics = value
+        self._columns = None
+
+    def points(self) -> int:
+        if self._metrics is None and self._columns is not None:
+            return len(self._columns)
+        return len(self.metrics)
+
+    def metric_columns(self) -> MetricColumns | None:
+        return self._columns if self._metrics is None else None
+
+    def for_lane(self) -> Batch:
+        if self._columns is None or self._metrics is not None:
+            return super().for_lane()
+        return ColumnBatch(self.seq, self._columns, first=self.first, key=self.key)
 
 
 # ---------------------------------------------------------------------------------------------

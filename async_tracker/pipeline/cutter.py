@@ -17,16 +17,27 @@ import functools
 import itertools
 import operator
 import time
+from array import array
 from collections.abc import Sequence
 
 from async_tracker.ingress import ARTIFACT, METADATA, Record
-from async_tracker.records import Batch, TrackerArtifact, TrackerMetric, TrackerSource
+from async_tracker.records import (
+    Batch,
+    ColumnBatch,
+    MetricColumns,
+    TrackerArtifact,
+    TrackerMetric,
+    TrackerSource,
+)
 
 _NAME = operator.itemgetter(0)
 _STEP = operator.itemgetter(2)
 _METRIC = itertools.repeat(TrackerMetric)
 # Builds a TrackerMetric from a 4-tuple without its Python __new__ (a C call per point).
 _as_metric = functools.partial(tuple.__new__, TrackerMetric)
+# Past this many names in a run, the last steps of a column batch are found by one pass in
+# C over every point, rather than one search per name.
+_NAMES_SEARCHED = 64
 
 
 class Cutter:
@@ -62,6 +73,28 @@ class Cutter:
             # The last step of each name is its last point's: dict.update keeps the last.
             self.last_step.update(zip(map(_NAME, records), steps))
             batch.metrics = list(map(tuple.__new__, _METRIC, records))
+        return batch
+
+    def cut_columns(self, columns: MetricColumns) -> Batch:
+        """One batch of points taken as columns from the packed ingress (each with a step):
+        numbered like any batch, and the last step of each name noted, with no object per
+        point (the names of a run are few; each is found from the end of its column)."""
+        first = self.next_seq
+        n = len(columns)
+        self.next_seq = first + n
+        batch = ColumnBatch(first + n - 1, columns, first=first, key=self._key(first + n - 1))
+        index, steps = array("I", columns.index), array("q", columns.steps)
+        names = columns.names
+        if len(names) > _NAMES_SEARCHED:
+            self.last_step.update(zip(map(names.__getitem__, index), steps))
+            return batch
+        backwards = index[::-1]
+        for i, name in enumerate(names):
+            try:
+                at = backwards.index(i)
+            except ValueError:
+                continue  # not in this batch
+            self.last_step[name] = steps[n - 1 - at]
         return batch
 
     def _mixed(self, records: Sequence[Record], batch: Batch) -> None:

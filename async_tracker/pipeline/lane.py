@@ -163,8 +163,9 @@ class Lane:
         """Appends a batch to the log (in memory)."""
         self.bind()
         mine = batch.for_lane()
-        if not self.takes_metrics and mine.metrics:
-            mine.records -= len(mine.metrics)
+        points = mine.points()
+        if not self.takes_metrics and points:
+            mine.records -= points
             mine.metrics = []
         if mine.is_empty():
             return

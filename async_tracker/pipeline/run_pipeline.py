@@ -31,6 +31,7 @@ from async_tracker.errors import TrackerClosedError
 from async_tracker.ingress import Ingress, Packed, Record
 from async_tracker.pipeline.cutter import Cutter
 from async_tracker.pipeline.lane import Lane, describe
+from async_tracker.records import Batch
 from async_tracker.report import FlushReport, TrackerStatus
 from async_tracker.settings import SPOOL_GRACE_S, RunOptions
 from async_tracker.spool.io import SpoolIO, thread_io
@@ -148,11 +149,10 @@ class RunPipeline:
                 held = max((lane.memory for lane in self.lanes), default=0)
                 budget = min(budget, max(0, limit // 2 - held))
             while budget > 0:
-                records = _take(source, min(budget, self.options.batch_size))
-                if not records:
+                batch = self._take_batch(source, min(budget, self.options.batch_size))
+                if batch is None:
                     break
-                budget -= len(records)
-                batch = self.cutter.cut(records)
+                budget -= batch.records
                 for lane in self.lanes:
                     lane.put(batch)
                 # A long cut shares the GIL with writers that may be filling the ingress
@@ -160,6 +160,16 @@ class RunPipeline:
                 self.check_memory()
             if len(source):
                 break  # the rest of this one first: newer sources wait behind it
+
+    def _take_batch(self, source: Ingress | Packed, limit: int) -> Batch | None:
+        """The next batch of ``source``: packed points straight as columns when they allow
+        it (no object per point), else records as the deque holds them."""
+        if source is self.packed:
+            columns = self.packed.take_columns(limit)
+            if columns is not None:
+                return self.cutter.cut_columns(columns)
+        records = _take(source, limit)
+        return self.cutter.cut(records) if records else None
 
     def _shed(self, records: list[Record]) -> None:
         """drop_oldest, for records still in the ingress: the metrics go (their steps still
