@@ -87,13 +87,22 @@ class Packed:
 
     A write packs its record(s) and extends the buffer in one C call: the only change a
     write makes to the order (a name first seen is registered before, under a lock, and an
-    unused registration is harmless). The tracker loop takes whole points from the front
-    (``del buf[:n]`` is one C call too, so writers may extend meanwhile).
+    unused registration is harmless).
+
+    The tracker loop never deletes from the front of the buffer writers extend: CPython then
+    moves the buffer at its next growth to a new allocation, holding two copies of a backlog
+    of millions of points for a moment. Instead it swaps in an empty buffer and reads the
+    old one (``_front``) by an offset, dropping it whole once read. A writer may have fetched
+    the old buffer's ``extend`` just before the swap: the loop reads on only once no thread
+    is inside a write (:func:`wait_for_writers`), so the old buffer is complete by then.
     """
 
     def __init__(self) -> None:
         self._buf = bytearray()
         self._push = self._buf.extend
+        self._front = bytearray()  # swapped out, complete; read from _offset on
+        self._offset = 0
+        self._settled = True  # no writer can still extend _front
         self._names: list[str] = []
         self._index: dict[str, int] = {}
         self._others: dict[int, Record] = {}
@@ -101,7 +110,7 @@ class Packed:
         self._lock = threading.Lock()  # name registration only (rare: a name's first point)
 
     def __len__(self) -> int:
-        return len(self._buf) // POINT.size
+        return (len(self._front) - self._offset + len(self._buf)) // POINT.size
 
     def append(self, record: Record) -> None:
         try:  # the common case inline: a point of a known name
@@ -137,18 +146,43 @@ class Packed:
                 self._index[name] = i
             return i
 
+    def _peek(self, limit: int) -> bytes:
+        """The oldest ``limit`` points at most, as bytes, without taking them (on the loop).
+        Only from the front buffer: once it is read, the writers' buffer takes its place."""
+        if self._offset >= len(self._front) and self._buf:
+            self._front, self._offset = self._buf, 0
+            self._buf = bytearray()
+            self._push = self._buf.extend
+            self._settled = False
+        if not self._settled:
+            # Writers that fetched the old extend finish before we read it: a few bytecodes
+            # once they have the GIL, so the wait is short. Bounded all the same: a writer
+            # held up longer (a debugger) makes us read nothing now and look again later.
+            self._settled = wait_for_writers(_PACKED_WRITES, SWAP_WAIT_S)
+            if not self._settled:
+                return b""
+        end = min(len(self._front), self._offset + limit * POINT.size)
+        return bytes(self._front[self._offset : end])
+
+    def _consume(self, size: int) -> None:
+        self._offset += size
+        if self._offset >= len(self._front):
+            self._front, self._offset = bytearray(), 0  # read whole: its memory goes
+
     def take_columns(self, limit: int) -> MetricColumns | None:
         """Up to ``limit`` of the oldest records as columns, without an object per point, if
         they are all points with a step; else None, and nothing is taken (``take`` then)."""
-        n = min(limit, len(self))
-        if not n or not _COLUMNS_OK:
+        if not _COLUMNS_OK:
             return None
-        raw = bytes(self._buf[: n * POINT.size])
+        raw = self._peek(limit)
+        n = len(raw) // POINT.size
+        if not n:
+            return None
         index = _column(raw, 0, 4, n)
         steps = _column(raw, 12, 8, n)
         if _holds(index, _OTHER_BYTES) or _holds(steps, _NO_STEP_BYTES):
             return None
-        del self._buf[: n * POINT.size]
+        self._consume(len(raw))
         # The table as it is now: names only grow, and every index taken is in it.
         return MetricColumns(
             list(self._names), index, _column(raw, 4, 8, n), steps, _column(raw, 20, 8, n)
@@ -156,9 +190,8 @@ class Packed:
 
     def take(self, limit: int) -> list[Record]:
         """Up to ``limit`` of the oldest records, as the deque holds them (on the loop)."""
-        n = min(limit, len(self)) * POINT.size
-        data = bytes(self._buf[:n])
-        del self._buf[:n]
+        data = self._peek(limit)
+        self._consume(len(data))
         names, others = self._names, self._others
         rows = list(POINT.iter_unpack(data))
         if not rows:
@@ -201,6 +234,12 @@ def _holds(column: bytes, value: bytes) -> bool:
             return True
         at = column.find(value, at + 1)
     return False
+
+
+# The code of the packed writes, for the wait after a swap.
+_PACKED_WRITES = frozenset({Packed.append.__code__, Packed.extend.__code__})
+# At most this long for writers inside a packed write to finish (they need a few bytecodes).
+SWAP_WAIT_S = 0.1
 
 
 def writers_inside(codes: Collection[CodeType]) -> int:

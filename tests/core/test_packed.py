@@ -87,3 +87,79 @@ def test_holds_finds_only_aligned_items(items: list[bytes], value: bytes) -> Non
 def test_markers_are_what_the_column_checks_search() -> None:
     assert struct.pack("<I", OTHER) == b"\xff\xff\xff\xff"
     assert struct.unpack("<q", struct.pack("<q", NO_STEP))[0] == NO_STEP
+
+
+def test_writers_racing_the_swaps_lose_nothing_and_keep_their_order() -> None:
+    # Four threads write while this one takes, swapping the buffers under them hundreds of
+    # times (a tiny switch interval moves the GIL between bytecodes as often as it can).
+    import sys
+    import threading
+
+    packed = Packed()
+    per_thread = 20_000
+    start = threading.Barrier(5)
+
+    def write(t: int) -> None:
+        start.wait()
+        for i in range(per_thread):
+            packed.append((f"t{t}", float(i), i, 0.0))
+
+    old = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+        threads = [threading.Thread(target=write, args=(t,)) for t in range(4)]
+        for th in threads:
+            th.start()
+        start.wait()
+        got: list[tuple[object, ...]] = []
+        while any(th.is_alive() for th in threads) or len(packed):
+            cols = packed.take_columns(997)
+            got.extend(cols.points() if cols is not None else packed.take(997))
+        for th in threads:
+            th.join()
+    finally:
+        sys.setswitchinterval(old)
+    for t in range(4):
+        assert [p[2] for p in got if p[0] == f"t{t}"] == list(range(per_thread))
+
+
+def test_a_write_held_between_fetching_the_buffer_and_extending_it_is_not_lost() -> None:
+    # The writer stops at its last opcode in Packed.append (it has fetched the old buffer's
+    # extend, and calls it next) while the loop swaps the buffers and reads the old one.
+    # The loop must not read past it until the write landed: nothing is taken while the
+    # writer is inside, and the late point is read once it is.
+    import dis
+    import sys
+    import threading
+    from types import FrameType
+    from typing import Any
+
+    packed = Packed()
+    packed.append(("m", 0.0, 0, 0.0))
+    last = max(i.offset for i in dis.get_instructions(Packed.append) if "CALL" in i.opname)
+    held, release = threading.Event(), threading.Event()
+
+    def tracer(frame: FrameType, event: str, arg: Any) -> Any:
+        frame.f_trace_opcodes = True
+        if event == "opcode" and frame.f_code is Packed.append.__code__ and frame.f_lasti == last:
+            held.set()
+            release.wait(10)
+        return tracer
+
+    def write() -> None:
+        sys.settrace(tracer)
+        try:
+            packed.append(("m", 2.0, 2, 0.0))
+        finally:
+            sys.settrace(None)
+
+    packed.take(10)  # the first point; the front is now read whole
+    packed.append(("m", 1.0, 1, 0.0))  # in the writers' buffer, which the writer fetches
+    writer = threading.Thread(target=write)
+    writer.start()
+    assert held.wait(10)
+    early = packed.take(10)  # swaps; the writer is inside: nothing may be read yet
+    release.set()
+    writer.join(10)
+    late = packed.take(10)
+    assert early == [] and [r[2] for r in late] == [1, 2]
