@@ -39,6 +39,7 @@ from async_tracker.errors import (
     TrackerError,
     TransientBackendError,
 )
+from async_tracker.init_run import init
 from async_tracker.records import Batch
 from async_tracker.report import BackendStatus, FlushReport, TrackerStatus
 from async_tracker.retry import RetryPolicy
@@ -74,6 +75,7 @@ __all__ = [
     "as_async",
     "as_sync",
     "build_trackers",
+    "init",
     "tracker_config_env_var_name",
     "trackers_from_environ",
 ]

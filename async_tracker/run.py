@@ -21,6 +21,7 @@ Example::
 from __future__ import annotations
 
 import concurrent.futures
+import functools
 import logging
 import os
 import threading
@@ -91,6 +92,17 @@ def _discard(record: object) -> None:
     nowhere."""
 
 
+def _nowhere(run: AppRun, record: object) -> None:
+    """The first write of the environment's run without a job id: warns once, then discards
+    (this write and every later one)."""
+    run._append = run._extend = _discard
+    logger.warning(
+        "async_tracker: AppRun.run_from_env() has no %s, so its writes are not recorded; "
+        "set it (torchx does), or use async_tracker.init(project) for a run in ./tracker_runs",
+        ENV_TORCHX_JOB_ID,
+    )
+
+
 class AppRun:
     """One run of a job, recording to one or more backends without blocking the caller.
 
@@ -132,6 +144,7 @@ class AppRun:
         _backend_names: Sequence[str] | None = None,
         _owns_backends: bool = False,
         _read_only: bool = False,
+        _last_steps: Mapping[str, int] | None = None,
     ) -> None:
         check_name(id, "run id")
         check_run_id(id)
@@ -160,6 +173,8 @@ class AppRun:
             else [backend_name(b) for b in self._async_backends]
         )
         self._owns_backends = _owns_backends
+        # A resumed run's last step of each metric: step-less points continue after it.
+        self._last_steps = dict(_last_steps or {})
         # The backends that check records at the call site (see AsyncTrackerBase.validate).
         self._validators = [
             b.validate
@@ -331,6 +346,7 @@ class AppRun:
                     self.options,
                     owns_backends=self._owns_backends,
                     set_hot=self._set_hot,
+                    last_steps=self._last_steps,
                 )
                 # Registration runs on the loop (the lanes become its tasks); we do not wait
                 # for it: records appended meanwhile simply wait in the buffer.
@@ -690,8 +706,11 @@ def _build_run_from_env() -> AppRun:
     job_id = os.environ.get(ENV_TORCHX_JOB_ID, UNDEFINED_JOB_ID)
     options = RunOptions.from_env()
     if job_id == UNDEFINED_JOB_ID:
-        # Not launched as a job: no canonical id exists, so nothing is recorded.
-        return AppRun(job_id, [], options=options)
+        # Not launched as a job: no canonical id exists, so nothing is recorded (as in
+        # torchx), but the first write says so instead of going nowhere silently.
+        run = AppRun(job_id, [], options=options)
+        run._append = run._extend = functools.partial(_nowhere, run)
+        return run
     config = trackers_config_from_environ()
     named = build_named_trackers(config, factories_from_environ(config))
     run = AppRun(

@@ -19,7 +19,7 @@ import math
 import random
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Literal
 
@@ -63,6 +63,7 @@ class RunPipeline:
         io: SpoolIO = thread_io,
         token: str | None = None,
         rng: random.Random | None = None,
+        last_steps: Mapping[str, int] | None = None,
     ) -> None:
         self.run_id = run_id
         self.ingress = ingress
@@ -71,6 +72,7 @@ class RunPipeline:
         self.clock = clock or Clock()
         self.token = token or new_token()
         self.cutter = Cutter(self.token)
+        self.cutter.last_step.update(last_steps or {})  # a resumed run goes on from its steps
         spool_dir = Path(options.spool_dir) if options.spool_dir else default_spool_dir()
         rng = rng or random.Random()
         self.lanes = [

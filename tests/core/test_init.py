@@ -1,0 +1,125 @@
+"""``async_tracker.init()``: a run in a local store in one call (issue 16), and the warning
+of ``run_from_env()`` without a job id."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import logging
+import re
+import uuid
+from pathlib import Path
+
+import pytest
+
+import async_tracker
+from async_tracker import AppRun, TrackerConfigError
+from async_tracker.backend.memory import InMemoryTracker
+from async_tracker.init_run import open_store
+
+
+def test_a_run_in_the_default_store_with_a_readable_unique_id(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("ASYNC_TRACKER_DIR", raising=False)
+    with async_tracker.init("mnist", config={"lr": 0.1, "layers": [64, 64]}) as run:
+        for step in range(3):
+            run.log_metric("loss", 1.0 / (step + 1))
+    assert re.fullmatch(r"mnist/[a-z]+-[a-z]+-[0-9a-f]{6}", run.id), run.id
+    other = async_tracker.init("mnist", name="baseline")
+    assert re.fullmatch(r"mnist/baseline-[0-9a-f]{6}", other.id) and other.id != run.id
+    other.close()
+    # What a reader of ./tracker_runs finds: the run, its config, its points.
+    reader = AppRun(run.id, [open_store(tmp_path / "tracker_runs")])
+    assert reader.metadata() == {"project": "mnist", "lr": 0.1, "layers": [64, 64]}
+    assert [p.step for p in reader.metrics()["loss"]] == [0, 1, 2]
+    assert (tmp_path / "tracker_runs").is_dir()
+
+
+def test_the_store_comes_from_the_environment_or_any_fsspec_url(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("ASYNC_TRACKER_DIR", str(tmp_path / "env-store"))
+    with async_tracker.init("p") as run:
+        run.log_metric("m", 1.0)
+    assert [p.value for p in AppRun(run.id, [open_store()]).metrics()["m"]] == [1.0]
+    assert (tmp_path / "env-store").is_dir()
+    url = f"memory://init-{uuid.uuid4().hex}"
+    with async_tracker.init("p", dir=url) as run:
+        run.log_metric("m", 2.0)
+    assert [p.value for p in AppRun(run.id, [open_store(url)]).metrics()["m"]] == [2.0]
+
+
+def test_an_existing_id_is_resumed_after_its_last_steps(tmp_path: Path) -> None:
+    store = str(tmp_path / "runs")
+    with async_tracker.init("p", dir=store, id="p/long-job") as run:
+        for _ in range(5):
+            run.log_metric("loss", 1.0)
+        run.log_metric("acc", 0.5, step=100)
+    with async_tracker.init("p", dir=store, id="p/long-job") as resumed:
+        resumed.log_metric("loss", 0.5)  # no step: continues after 4
+        resumed.log_metric("acc", 0.6)  # continues after 100
+    metrics = AppRun("p/long-job", [open_store(store)]).metrics()
+    assert [p.step for p in metrics["loss"]] == [0, 1, 2, 3, 4, 5]
+    assert [p.step for p in metrics["acc"]] == [100, 101]
+
+
+def test_resume_never_refuses_an_existing_run_and_must_a_new_one(tmp_path: Path) -> None:
+    store = str(tmp_path / "runs")
+    with async_tracker.init("p", dir=store, id="p/once") as run:
+        run.log_metric("loss", 1.0)
+    with pytest.raises(TrackerConfigError, match="already exists"):
+        async_tracker.init("p", dir=store, id="p/once", resume="never")
+    with pytest.raises(TrackerConfigError, match="not in the store"):
+        async_tracker.init("p", dir=store, id="p/never-made", resume="must")
+    # Nothing was written by the refused calls.
+    assert [p.step for p in AppRun("p/once", [open_store(store)]).metrics()["loss"]] == [0]
+
+
+@dataclasses.dataclass
+class Config:
+    lr: float = 0.01
+    depth: int = 3
+
+
+@pytest.mark.parametrize(
+    "config", [Config(), argparse.Namespace(lr=0.01, depth=3), {"lr": 0.01, "depth": 3}]
+)
+def test_config_is_the_runs_metadata_whatever_holds_it(tmp_path: Path, config: object) -> None:
+    with async_tracker.init("p", dir=str(tmp_path), config=config) as run:
+        pass
+    assert AppRun(run.id, [open_store(tmp_path)]).metadata() == {
+        "project": "p", "lr": 0.01, "depth": 3,
+    }
+
+
+def test_bad_arguments_fail_at_once_naming_them(tmp_path: Path) -> None:
+    with pytest.raises(TypeError, match="project"):
+        async_tracker.init(3, dir=str(tmp_path))  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="resume"):
+        async_tracker.init("p", dir=str(tmp_path), resume="sometimes")  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="config"):
+        async_tracker.init("p", dir=str(tmp_path), config=42)
+
+
+def test_more_backends_beside_the_store(tmp_path: Path) -> None:
+    extra = InMemoryTracker(name="extra")
+    with async_tracker.init("p", dir=str(tmp_path), backends=[extra]) as run:
+        run.log_metric("m", 1.0)
+    assert [p.value for p in extra.points(run.id, "m")] == [1.0]
+
+
+def test_run_from_env_without_a_job_id_says_once_that_nothing_is_recorded(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.delenv("TORCHX_JOB_ID", raising=False)
+    monkeypatch.setattr("async_tracker.run._env_run", None)
+    run = AppRun.run_from_env()
+    with caplog.at_level(logging.WARNING, logger="async_tracker.run"):
+        run.log_metric("loss", 1.0)
+        run.log_metrics({"a": 1.0})
+        run.add_metadata(lr=0.1)
+    warned = [r for r in caplog.records if "not recorded" in r.getMessage()]
+    assert len(warned) == 1 and "TORCHX_JOB_ID" in warned[0].getMessage()
+    assert "async_tracker.init" in warned[0].getMessage()
