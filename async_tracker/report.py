@@ -7,6 +7,7 @@ They cover the whole life of the run, not just the last call.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 
 
@@ -91,3 +92,34 @@ class FlushReport:
             timed_out=timed_out,
             refused={s.name: s.refused for s in b if s.refused},
         )
+
+    def summary(self, run_id: str) -> str:
+        """At most five short lines for a person: what was not delivered, where it waits,
+        and the command that delivers it. Empty when the report is ok."""
+        if self.ok:
+            return ""
+        lines = [
+            f"async_tracker: run {run_id!r} ended with records not delivered: "
+            f"{self.delivered} delivered, {self.spooled} spooled, {self.pending} lost in "
+            f"memory, {self.dropped} dropped" + (" (close timed out)" if self.timed_out else "")
+        ]
+        for name, error in list(self.errors.items())[:2]:
+            lines.append(f"  {name}: {_short(error)}")
+        if self.spool_paths:
+            # <spool root>/<run>/<backend>: sync takes the root and replays every run in it.
+            roots = sorted({os.path.dirname(os.path.dirname(p)) for p in self.spool_paths.values()})
+            lines.append(f"  spooled in {', '.join(self.spool_paths.values())}"[:200])
+            lines.append(
+                f"  deliver them: async-tracker sync {_quote(roots[0])}"
+                " (with the same TORCHX_TRACKERS and tracker configs as this job)"
+            )
+        return "\n".join(lines[:5])
+
+
+def _short(text: str, limit: int = 120) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _quote(path: str) -> str:
+    return path if path and all(c.isalnum() or c in "/._-~" for c in path) else repr(path)

@@ -108,7 +108,7 @@ def close_all(timeout: float | None = None, reason: CloseReason | None = None) -
     for run, wait in pending:
         report = wait(max(0.0, deadline - time.monotonic()))
         if not report.ok:
-            logger.warning("async_tracker: run %r closed with %s", run.id, report)
+            logger.warning("%s", report.summary(run.id))
 
 
 def flush_all(timeout: float) -> None:

@@ -275,5 +275,36 @@ def test_exit_hook_is_bounded_by_close_timeout(child: Callable[..., Child]) -> N
     assert proc.readline() == "ready"
     assert proc.wait(timeout=30) == 0, proc.stderr()  # exits by itself
     err = proc.stderr()
-    assert "closed with" in err  # and said what it could not deliver
-    assert "pending=1" in err or "spooled=1" in err
+    assert "ended with records not delivered" in err  # and said what it could not deliver
+    assert "1 spooled" in err and "async-tracker sync" in err
+
+
+EXIT_SUMMARY_SCRIPT = """
+import sys
+from async_tracker import AppRun
+from tests.faulty import FaultyTracker, backend_down
+
+backend = FaultyTracker(name="store").always("write_batch", backend_down())
+run = AppRun("job/a", [backend], flush_interval=3600, close_timeout=0.2, spool_dir=sys.argv[1])
+for step in range(1000):
+    run.log_metric("loss", 1.0, step=step)
+ok = AppRun("job/b", [FaultyTracker(name="fine")], flush_interval=3600)
+ok.log_metric("loss", 1.0)
+"""
+
+
+def test_exit_summary_is_short_and_says_how_to_deliver(
+    child: Callable[..., Child], tmp_path: Path
+) -> None:
+    spool = tmp_path / "spool"
+    proc = child(EXIT_SUMMARY_SCRIPT, str(spool))
+    assert proc.wait(timeout=30) == 0, proc.stderr()
+    err = proc.stderr().removeprefix("stderr:\n")
+    assert err.count("ended with records not delivered") == 1, err
+    # What the lane logged while it ran comes before; the summary is the end of stderr.
+    lines = err[err.index("async_tracker: run 'job/a' ended") :].strip().splitlines()
+    # About the failing run only (nothing for the one that delivered), five lines at most,
+    # none of them a raw report, and the exact command that delivers what waits.
+    assert 2 <= len(lines) <= 5 and all(len(line) < 240 for line in lines), lines
+    assert "1000 spooled" in lines[0] and "job/b" not in err and "FlushReport" not in err
+    assert lines[-1].strip().startswith(f"deliver them: async-tracker sync {spool}")
