@@ -98,10 +98,15 @@ class FlushReport:
         and the command that delivers it. Empty when the report is ok."""
         if self.ok:
             return ""
+        counts = [f"{self.delivered} delivered", f"{self.spooled} spooled"]
+        if self.pending:
+            counts.append(f"{self.pending} left in memory (lost at exit)")
+        if self.dropped:
+            counts.append(f"{self.dropped} dropped")
         lines = [
             f"async_tracker: run {run_id!r} ended with records not delivered: "
-            f"{self.delivered} delivered, {self.spooled} spooled, {self.pending} lost in "
-            f"memory, {self.dropped} dropped" + (" (close timed out)" if self.timed_out else "")
+            + ", ".join(counts)
+            + (" (close timed out)" if self.timed_out else "")
         ]
         for name, error in list(self.errors.items())[:2]:
             lines.append(f"  {name}: {_short(error)}")
