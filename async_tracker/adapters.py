@@ -286,8 +286,9 @@ class ForeignTracker(TrackerBase):
     torchx's own trackers (``torchx.tracker.backend.fsspec.FsspecTracker``, MLflow's ...) and
     duck-typed ones. Calls pass through unchanged; what reads return is converted to our
     ``TrackerArtifact``, ``TrackerSource`` and ``Lineage``, so that ``AppRun``'s reads look
-    the same whatever the backend. ``add_metrics``, ``metrics`` and ``close`` are the
-    plug-in's, when it has them.
+    the same whatever the backend; a ``lineage()`` the plug-in does not implement is built
+    from its ``sources()`` and ``run_ids(parent_run_id=...)``. ``add_metrics``, ``metrics``
+    and ``close`` are the plug-in's, when it has them.
     """
 
     def __init__(self, tracker: TrackerLike) -> None:
@@ -326,15 +327,27 @@ class ForeignTracker(TrackerBase):
         return [self._source(s) for s in self.tracker.sources(run_id, artifact_name)]
 
     def lineage(self, run_id: str) -> Lineage:
-        found = self.tracker.lineage(run_id)
+        try:
+            found = self.tracker.lineage(run_id)
+        except NotImplementedError:  # torchx's FsspecTracker, for one
+            found = None
         if isinstance(found, Lineage):
             return found
-        # torchx's Lineage has no fields: read what a plug-in's class may have.
-        return Lineage(
-            run_id,
-            [self._source(s) for s in getattr(found, "parents", ())],
-            [self._source(s) for s in getattr(found, "descendants", ())],
-        )
+        if hasattr(found, "parents") and hasattr(found, "descendants"):
+            return Lineage(
+                run_id,
+                [self._source(s) for s in found.parents],
+                [self._source(s) for s in found.descendants],
+            )
+        # torchx's Lineage has no fields, and its trackers leave lineage() unimplemented:
+        # what the two queries every torchx tracker answers say instead.
+        descendants = [
+            TrackerSource(child, source.artifact_name)
+            for child in self.run_ids(parent_run_id=run_id)
+            for source in self.sources(child)
+            if source.source_run_id == run_id
+        ]
+        return Lineage(run_id, self.sources(run_id), descendants)
 
     def run_ids(self, **kwargs: str) -> list[str]:
         return list(self.tracker.run_ids(**kwargs))
