@@ -231,7 +231,15 @@ class AppRun:
 
         The old run is closed, not dropped: its pending records are delivered within
         ``timeout`` (default: its ``close_timeout``), else spooled and counted, as ``close()``
-        does; its report is returned (None when there was no run to reset).
+        does; its report is returned (None when there was no run to reset). A strict run's
+        :class:`DeliveryError` is raised after the run is forgotten.
+
+        Example (a pytest fixture)::
+
+            @pytest.fixture(autouse=True)
+            def fresh_run_from_env():
+                yield
+                AppRun.reset_from_env(timeout=5.0)
         """
         global _env_run
         with _env_lock:
