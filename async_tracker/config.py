@@ -29,6 +29,7 @@ from async_tracker.factory import (
     ENV_TORCHX_TRACKERS,
     AnyTracker,
     Factory,
+    build_tracker,
     load_factory,
     tracker_config_env_var_name,
     tracker_factory_env_var_name,
@@ -55,17 +56,7 @@ class TrackerSpec:
         return load_factory(self.factory)
 
     def build(self) -> AnyTracker:
-        factory = self.load()
-        try:
-            tracker = factory(self.config)
-        except TrackerConfigError:
-            raise
-        except Exception as exc:
-            raise TrackerConfigError(
-                f"tracker {self.name!r}: factory {self.factory!r} failed: "
-                f"{type(exc).__name__}: {exc}"
-            ) from exc
-        return tracker
+        return build_tracker(self.name, self.factory, self.config)
 
 
 def config_files(cwd: Path | None = None, environ: Mapping[str, str] | None = None) -> list[Path]:

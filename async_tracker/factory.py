@@ -1,9 +1,12 @@
 """Backends from names: entry points, ``module:attr`` paths, and the ``TORCHX_*`` environment.
 
-A factory is ``factory(config: str | None)`` returning a ``TrackerBase`` or an
-``AsyncTrackerBase``. A name is looked up in the entry-point group ``async_tracker.tracker``,
-then ``torchx.tracker`` (so torchx's own plug-ins keep working), then as a ``module:attr``
-path. Unlike torchx, which warns and tracks nothing, a name that resolves to nothing is an error.
+A factory is ``factory(config: str | None)`` returning a ``TrackerBase``, an
+``AsyncTrackerBase``, or any object with ``TrackerBase``'s eight methods: torchx's own
+factories (``torchx.tracker.backend.fsspec:create``, ``torchx.tracker.mlflow:create_tracker``)
+and plug-ins return subclasses of torchx's ``TrackerBase``, which run like ours. A name is looked
+up in the entry-point group ``async_tracker.tracker``, then ``torchx.tracker`` (so torchx's own
+plug-ins keep working), then as a ``module:attr`` path. Unlike torchx, which warns and tracks
+nothing, a name that resolves to nothing is an error.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ import os
 from collections.abc import Callable, Iterable, Mapping
 from importlib.metadata import entry_points
 
+from async_tracker.adapters import TrackerLike, tracker_problem
 from async_tracker.base import AsyncTrackerBase, TrackerBase
 from async_tracker.errors import TrackerConfigError
 
@@ -25,7 +29,7 @@ ENV_TORCHX_JOB_ID = "TORCHX_JOB_ID"
 UNDEFINED_JOB_ID = "<UNDEFINED>"
 ENTRY_POINT_GROUPS = ("async_tracker.tracker", "torchx.tracker")
 
-AnyTracker = TrackerBase | AsyncTrackerBase
+AnyTracker = TrackerBase | AsyncTrackerBase | TrackerLike
 Factory = Callable[[str | None], AnyTracker]
 
 
@@ -77,30 +81,35 @@ def _callable(name: str, obj: object, where: str) -> Factory:
     return obj
 
 
+def build_tracker(name: str, factory: str, config: str | None) -> AnyTracker:
+    """Calls the factory named ``factory`` with ``config`` (the string, as torchx passes it)
+    and checks what it returns; every failure is a :class:`TrackerConfigError` naming
+    ``name``."""
+    make = load_factory(factory)
+    try:
+        tracker = make(config)
+    except TrackerConfigError:
+        raise
+    except Exception as exc:
+        raise TrackerConfigError(
+            f"tracker {name!r}: factory {factory!r} failed: {type(exc).__name__}: {exc}"
+        ) from exc
+    problem = tracker_problem(tracker)
+    if problem is not None:
+        raise TrackerConfigError(f"tracker {name!r}: factory {factory!r} returned {problem}")
+    return tracker
+
+
 def build_named_trackers(
     factory_and_config: Mapping[str, str | None],
     factories: Mapping[str, str] | None = None,
 ) -> list[tuple[str, AnyTracker]]:
     """Builds each tracker and keeps the name it was built under (the spool key).
     ``factories`` maps a name to its factory where the two differ."""
-    built: list[tuple[str, AnyTracker]] = []
-    for name, config in factory_and_config.items():
-        factory = load_factory((factories or {}).get(name) or name)
-        try:
-            tracker = factory(config)
-        except TrackerConfigError:
-            raise
-        except Exception as exc:
-            raise TrackerConfigError(
-                f"tracker {name!r}: its factory failed: {type(exc).__name__}: {exc}"
-            ) from exc
-        if not isinstance(tracker, (TrackerBase, AsyncTrackerBase)):
-            raise TrackerConfigError(
-                f"tracker {name!r}: the factory returned {type(tracker).__name__}, "
-                "not a TrackerBase or AsyncTrackerBase"
-            )
-        built.append((name, tracker))
-    return built
+    return [
+        (name, build_tracker(name, (factories or {}).get(name) or name, config))
+        for name, config in factory_and_config.items()
+    ]
 
 
 def build_trackers(factory_and_config: Mapping[str, str | None]) -> list[AnyTracker]:

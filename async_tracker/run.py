@@ -32,7 +32,7 @@ from types import TracebackType
 from typing import Any, SupportsFloat, SupportsIndex, TypeVar
 
 from async_tracker import shutdown
-from async_tracker.adapters import as_async
+from async_tracker.adapters import TrackerLike, as_async
 from async_tracker.base import (
     AsyncTrackerBase,
     Checked,
@@ -76,7 +76,7 @@ T = TypeVar("T")
 
 # How many metric names a run remembers as checked (its hot path skips their checks).
 MAX_KNOWN_METRIC_NAMES = 100_000
-Backend = TrackerBase | AsyncTrackerBase
+Backend = TrackerBase | AsyncTrackerBase | TrackerLike
 
 
 @dataclass
@@ -239,9 +239,44 @@ class AppRun:
                 _env_run_pid = os.getpid()
             return _env_run
 
+    @staticmethod
+    def reset_from_env(timeout: float | None = None) -> FlushReport | None:
+        """Closes the :meth:`run_from_env` run and forgets it, for tests: the next
+        ``run_from_env()`` builds a new run from the environment as it is then.
+
+        The old run is closed, not dropped: its pending records are delivered within
+        ``timeout`` (default: its ``close_timeout``), else spooled and counted, as ``close()``
+        does; its report is returned (None when there was no run to reset). A strict run's
+        :class:`DeliveryError` is raised after the run is forgotten.
+
+        Example (a pytest fixture)::
+
+            @pytest.fixture(autouse=True)
+            def fresh_run_from_env():
+                yield
+                AppRun.reset_from_env(timeout=5.0)
+        """
+        global _env_run
+        with _env_lock:
+            run, _env_run = _env_run, None
+        # Closed outside the lock: a close may take its whole timeout, and another thread's
+        # run_from_env() meanwhile gets a new run, not this closing one.
+        return None if run is None else run.close(timeout)
+
     def job_id(self) -> str:
         """The run id (torchx's name for it)."""
         return self.id
+
+    def __eq__(self, other: object) -> bool:
+        """Equal when the ids and the backends are, like torchx's dataclass ``AppRun``:
+        ``AppRun("a", [t]) == AppRun("a", [t])``, as in the runs ``sources()`` returns."""
+        if not isinstance(other, AppRun):
+            return NotImplemented
+        return self.id == other.id and self.backends == other.backends
+
+    def __hash__(self) -> int:
+        # The id alone: equal runs have equal ids, and backends need not be hashable.
+        return hash(self.id)
 
     # -- writes: the hot path ----------------------------------------------------------------
     # Each write checks its input (generic checks, then every backend's validate) before it

@@ -31,36 +31,44 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-_runs: weakref.WeakSet[AppRun] = weakref.WeakSet()
+# Keyed by id(): runs compare equal by value (id and backends, like torchx's dataclass), and
+# each of two equal runs must still be found and closed here. An entry goes when its run dies,
+# before its id() can be reused.
+_runs: weakref.WeakValueDictionary[int, AppRun] = weakref.WeakValueDictionary()
 _sigterm_installed = False
 _previous_sigterm: Any = None
 
 
 # Runs with records on their way, held until they close: the exit hook must close a run its
 # caller dropped without closing (its records live on in the flusher, not in the object).
-_held: set[AppRun] = set()
+_held: dict[int, AppRun] = {}
 
 
 def register(run: AppRun) -> None:
-    _runs.add(run)
+    _runs[id(run)] = run
 
 
 def hold(run: AppRun) -> None:
-    _held.add(run)
+    _held[id(run)] = run
 
 
 def release(run: AppRun) -> None:
-    _held.discard(run)
+    _held.pop(id(run), None)
+
+
+def _all_runs() -> list[AppRun]:
+    # valuerefs() copies in one step: safe while another thread registers a run.
+    return [run for ref in _runs.valuerefs() if (run := ref()) is not None]
 
 
 def open_runs() -> list[AppRun]:
-    return [r for r in list(_runs) if not r.closed]
+    return [r for r in _all_runs() if not r.closed]
 
 
 def unfinished_runs() -> list[AppRun]:
     """Open runs, and runs whose close is under way (a SIGTERM during close() must wait for
     that close, not kill the process in the middle of it)."""
-    return [r for r in list(_runs) if not r.close_finished()]
+    return [r for r in _all_runs() if not r.close_finished()]
 
 
 def exiting_on_exception() -> bool:
@@ -152,7 +160,7 @@ def install_sigterm_handler() -> None:
 
 
 def _after_fork_in_child() -> None:
-    for run in list(_runs):
+    for run in _all_runs():
         run._reset_after_fork()
 
 

@@ -1,0 +1,72 @@
+"""Fixtures for torchx plug-ins as backends: a clean environment and ``run_from_env()``
+singleton, and child interpreters in torchx's venv that import this checkout."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from async_tracker import AppRun
+from tests.core.helpers import REPO, python_env
+from tests.fsspec.conftest import torchx_python  # the venv fixture, shared
+from tests.torchx import plugins
+
+__all__ = ["torchx_python"]
+
+TorchxChild = Callable[..., Any]
+
+
+@pytest.fixture(autouse=True)
+def clean_env(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """No TORCHX_* or ASYNC_TRACKER_* variable leaks into a test, no plug-in built before it
+    is seen by it, and no run_from_env() run outlives it."""
+    for var in list(os.environ):
+        if var.startswith(("TORCHX_", "ASYNC_TRACKER_")):
+            monkeypatch.delenv(var)
+    AppRun.reset_from_env(timeout=1.0)
+    plugins.BUILT.clear()
+    yield
+    AppRun.reset_from_env(timeout=1.0)
+    plugins.BUILT.clear()
+
+
+@pytest.fixture(scope="session")
+def torchx_tracker_python(torchx_python: Path) -> Path:
+    """torchx's venv, with async_tracker's light dependencies added (async_tracker itself
+    comes from this checkout through PYTHONPATH). fsspec and filelock are torchx's too."""
+    if subprocess.run([str(torchx_python), "-c", "import anyio, tenacity"]).returncode:
+        subprocess.run(
+            [
+                str(torchx_python), "-m", "pip", "install", "-q",
+                "-c", str(REPO / "constraints.txt"), "anyio", "tenacity",
+            ],
+            check=True,
+        )
+    return torchx_python
+
+
+@pytest.fixture
+def torchx_child(torchx_tracker_python: Path, tmp_path: Path) -> TorchxChild:
+    """Runs ``script`` in torchx's venv (``sys.argv[1:]`` = ``args``, extra variables from
+    ``env``) and returns the JSON of its last stdout line; a failure shows its stderr."""
+
+    def run(script: str, *args: str, env: dict[str, str] | None = None) -> Any:
+        done = subprocess.run(
+            [str(torchx_tracker_python), "-c", script, *args],
+            cwd=tmp_path,
+            env=python_env(**(env or {})),
+            capture_output=True,
+            text=True,
+        )
+        if done.returncode != 0 or not done.stdout.strip():
+            pytest.fail(f"the child failed ({done.returncode}):\n{done.stderr}")
+        return json.loads(done.stdout.strip().splitlines()[-1])
+
+    return run
+
