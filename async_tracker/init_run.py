@@ -19,7 +19,7 @@ import fsspec.core
 
 from async_tracker.backend.fsspec import AsyncFsspecTracker
 from async_tracker.errors import TrackerConfigError
-from async_tracker.factory import AnyTracker, build_named_trackers
+from async_tracker.factory import AnyTracker, build_tracker
 from async_tracker.loop import get_loop
 from async_tracker.records import check_name
 from async_tracker.run import AppRun
@@ -100,7 +100,7 @@ def init(
     else:
         check_name(id, "id")
     last_steps = _existing_steps(store, id, resume)
-    extra = [build_named_trackers({b: None})[0][1] if isinstance(b, str) else b for b in backends]
+    extra = [build_tracker(b, b, None) if isinstance(b, str) else b for b in backends]
     run = AppRun(id, [store, *extra], _last_steps=last_steps, **options)
     metadata: dict[str, object] = {"project": project}
     if config is not None:
