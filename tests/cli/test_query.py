@@ -306,3 +306,12 @@ def test_console_script(configured: Store) -> None:
         [str(script), "list", "jobs"], capture_output=True, text=True, timeout=60, check=True
     )
     assert PARENT in out.stdout
+
+
+def test_version_is_the_installed_one(capsys: pytest.CaptureFixture[str]) -> None:
+    import importlib.metadata
+
+    assert main(["--version"]) == 0
+    assert capsys.readouterr().out.strip() == (
+        f"async-tracker {importlib.metadata.version('async-tracker')}"
+    )
