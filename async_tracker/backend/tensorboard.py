@@ -177,8 +177,9 @@ def map_error(exc: BaseException, what: str = "write") -> BackendError:
 
 
 def _json(value: object, what: str) -> bytes:
+    # ASCII: \u escapes keep what UTF-8 cannot (a run id with a lone surrogate) exact.
     try:
-        return json.dumps(value, ensure_ascii=False).encode("utf-8")
+        return json.dumps(value).encode("ascii")
     except (TypeError, ValueError, RecursionError) as exc:
         raise RecordError(f"tensorboard cannot encode {what}: {type(exc).__name__}: {exc}") from exc
 

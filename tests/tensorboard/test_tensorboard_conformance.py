@@ -9,9 +9,9 @@ import pytest
 
 pytest.importorskip("tensorboard")
 
-from async_tracker import AsyncTrackerBase  # noqa: E402
-from async_tracker.backend.tensorboard import AsyncTensorBoardTracker, map_error  # noqa: E402
-from tests.conformance import BackendConformance  # noqa: E402
+from async_tracker import AsyncTrackerBase
+from async_tracker.backend.tensorboard import AsyncTensorBoardTracker, map_error
+from tests.conformance import BackendConformance
 
 pytestmark = pytest.mark.server  # needs the tensorboard extra
 
