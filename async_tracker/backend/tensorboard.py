@@ -5,7 +5,8 @@ Layout under the root (``tensorboard --logdir <root>`` shows every run)::
     <root>/<run id>/            one directory per run; the "/"-parts of the id nest
         events.out.tfevents.<seconds>.<host>.<pid>.<n>
                                 this process's event file for the run: each metric point a
-                                scalar (a float64 tensor, its step, the client's wall time);
+                                scalar (float32 for TensorBoard to plot, with the exact float64
+                                beside it; its step; the client's wall time);
                                 metadata, artifacts, sources and the end status as text
                                 tables at step 0; simple metadata values as hparams
         .async_tracker/
@@ -601,15 +602,20 @@ def _check_text(text: str, what: str) -> None:
 
 
 def _scalar_events(metrics: Sequence[TrackerMetric], frames: _Frames, tags: set[str]) -> None:
-    """One event per point: its step, the client's time, the value as a float64 tensor
-    (exact, NaN and infinities included). The scalar plugin's metadata goes with the first
+    """One event per point: its step, the client's time, and the value twice in one tensor.
+
+    TensorBoard's data server shows only float32 scalar tensors, so the tensor is a
+    ``DT_FLOAT`` (what TensorBoard plots); its ``double_val``, which readers of a float
+    tensor ignore, holds the exact value that ``metrics()`` reads (NaN, infinities, -0.0
+    and values beyond float32 included). The scalar plugin's metadata goes with the first
     point of each tag in a file, as TensorBoard's writers do."""
     meta = scalar_metadata.create_summary_metadata(display_name=None, description=None)
     for point in metrics:
         try:
             event = event_pb2.Event(wall_time=point.timestamp, step=point.step)
             value = event.summary.value.add(tag=point.name)
-            value.tensor.dtype = types_pb2.DT_DOUBLE
+            value.tensor.dtype = types_pb2.DT_FLOAT
+            value.tensor.float_val.append(point.value)
             value.tensor.double_val.append(point.value)
             if point.name not in tags:
                 value.metadata.CopyFrom(meta)
@@ -626,8 +632,8 @@ def _read_event_file(
     points: dict[str, dict[tuple[int, float], TrackerMetric]],
     scalar_tags: dict[str, bool],
 ) -> None:
-    """Adds the scalars of one event file: ours (float64 tensors), and those of other
-    writers (``simple_value``, one-element tensors) found in the same folder."""
+    """Adds the scalars of one event file: ours (the exact ``double_val``), and those of
+    other writers (``simple_value``, one-element tensors) found in the same folder."""
     for raw in RawEventFileLoader(path).Load():
         event = event_pb2.Event.FromString(raw)
         if not event.HasField("summary"):
@@ -641,7 +647,7 @@ def _read_event_file(
                 number = float(value.simple_value)
             elif kind == "tensor" and scalar_tags.get(tag):
                 tensor = value.tensor
-                if tensor.dtype == types_pb2.DT_DOUBLE and len(tensor.double_val) == 1:
+                if len(tensor.double_val) == 1:
                     number = tensor.double_val[0]
                 else:
                     array = tensor_util.make_ndarray(tensor)

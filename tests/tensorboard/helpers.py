@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 from tensorboard.backend.event_processing.plugin_event_accumulator import EventAccumulator
 from tensorboard.util import tensor_util
 
@@ -25,3 +26,8 @@ def text(acc: EventAccumulator, tag: str) -> list[list[str]]:
     """The last table written under a text tag, as rows of cells."""
     array = tensor_util.make_ndarray(acc.Tensors(tag)[-1].tensor_proto)
     return [[c.decode() if isinstance(c, bytes) else str(c) for c in row] for row in array]
+
+
+def f32(value: float) -> float:
+    """``value`` as TensorBoard shows it: its scalars are float32."""
+    return float(np.float32(value))

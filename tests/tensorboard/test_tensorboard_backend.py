@@ -48,7 +48,7 @@ from async_tracker.errors import (
     classify,
 )
 from tests.core.helpers import python_env
-from tests.tensorboard.helpers import accumulate, scalars, text
+from tests.tensorboard.helpers import accumulate, f32, scalars, text
 
 if sys.version_info < (3, 11):  # pragma: no cover - 3.10
     from exceptiongroup import ExceptionGroup
@@ -106,8 +106,8 @@ def test_a_torchx_job_with_the_tensorboard_tracker_is_read_by_tensorboard(
     assert logdir == root / "local:" / "%" / "tb" / "train-1"  # "//" keeps an empty part
     acc = accumulate(logdir)
     assert set(acc.PluginTagToContent("scalars")) == {"loss", "acc"}
-    assert scalars(acc, "loss") == [(s, 1.0 / (s + 1)) for s in range(300)]  # exact: float64
-    assert scalars(acc, "acc") == [(s, s / 300) for s in range(300)]
+    assert scalars(acc, "loss") == [(s, f32(1.0 / (s + 1))) for s in range(300)]
+    assert scalars(acc, "acc") == [(s, f32(s / 300)) for s in range(300)]
     rows = {key: value for key, value in text(acc, METADATA_TAG)}
     assert rows == {"`lr`": "`0.1`", "`model`": "`mlp`", "`layers`": "`[64, 64]`"}
     assert text(acc, ARTIFACTS_TAG) == [["`ckpt`", "`/ckpt/last.pt`", '`{"epoch": 2}`']]
@@ -185,8 +185,11 @@ def test_an_append_torn_by_a_file_size_limit_is_cut_back_and_retried_in_a_new_fi
     per_file = [scalars(accumulate(f), "loss") for f in files]
     assert all(os.path.getsize(f) <= limit for f in files)
     # ... and together they hold every point once, in order.
-    assert [p for points in per_file for p in points] == [(s, s / 7) for s in range(3000)]
-    assert scalars(accumulate(logdir), "loss") == [(s, s / 7) for s in range(3000)]
+    want = [(s, f32(s / 7)) for s in range(3000)]
+    assert [p for points in per_file for p in points] == want
+    assert scalars(accumulate(logdir), "loss") == want
+    got = TensorBoardTracker(root).metrics("fsize/run")["loss"]
+    assert [(p.step, p.value) for p in got] == [(s, s / 7) for s in range(3000)]  # exact
 
 
 def test_a_blocked_folder_keeps_the_records_and_the_retry_stores_each_once(
