@@ -72,6 +72,7 @@ from async_tracker.records import (
 )
 
 try:
+    import numpy as np  # a dependency of tensorboard
     from google.protobuf.message import DecodeError
     from tensorboard.backend.event_processing.event_file_loader import RawEventFileLoader
     from tensorboard.compat.proto import event_pb2, types_pb2
@@ -177,12 +178,12 @@ def map_error(exc: BaseException, what: str = "write") -> BackendError:
 # -- encoding ----------------------------------------------------------------------------------
 
 
-def _json(value: object, what: str) -> bytes:
+def _json(value: object) -> bytes:
     # ASCII: \u escapes keep what UTF-8 cannot (a run id with a lone surrogate) exact.
     try:
         return json.dumps(value).encode("ascii")
     except (TypeError, ValueError, RecursionError) as exc:
-        raise RecordError(f"tensorboard cannot encode {what}: {type(exc).__name__}: {exc}") from exc
+        raise RecordError(f"tensorboard cannot encode {value!r:.200}: {exc}") from exc
 
 
 def _cell(value: object) -> str:
@@ -194,9 +195,7 @@ def _cell(value: object) -> str:
 def _text_event(tag: str, rows: list[list[str]], wall_time: float) -> bytes:
     """A text summary at step 0: the text plugin shows a two-column array as a table, and
     a later table at the same step replaces the earlier one in TensorBoard's view."""
-    import numpy as np  # a dependency of tensorboard
-
-    data = np.array(rows, dtype=np.object_) if rows else np.array([["(none)"]], dtype=np.object_)
+    data = np.array(rows, dtype=np.object_)
     event = event_pb2.Event(wall_time=wall_time, step=0)
     event.summary.CopyFrom(text_summary.text_pb(tag, data))
     return bytes(event.SerializeToString())
@@ -301,7 +300,6 @@ class AsyncTensorBoardTracker(AsyncTrackerBase):
             root = root[len("file://") :]
         self.root_dir = os.path.abspath(os.path.expanduser(root))
         self._runs: dict[str, _Run] = {}
-        self._runs_lock = threading.Lock()
 
     def __repr__(self) -> str:
         return f"AsyncTensorBoardTracker({self.root_dir!r})"
@@ -311,12 +309,17 @@ class AsyncTensorBoardTracker(AsyncTrackerBase):
         return os.path.join(self.root_dir, *run_path(run_id).split("/"))
 
     def _state(self, run_id: str) -> _Run:
-        with self._runs_lock:
-            state = self._runs.get(run_id)
-            if state is None or state.pid != os.getpid():
-                # A forked child starts its own event file: the parent's is the parent's.
-                state = self._runs[run_id] = _Run(self.logdir(run_id))
+        # No lock around the dict (its operations are atomic): a lock held by a parent's
+        # thread at a fork would stay held forever in the child.
+        state = self._runs.get(run_id)
+        if state is not None and state.pid == os.getpid():
             return state
+        fresh = _Run(self.logdir(run_id))
+        if state is None:
+            return self._runs.setdefault(run_id, fresh)
+        # A forked child starts its own event file: the parent's (and its lock) stay its.
+        self._runs[run_id] = fresh
+        return fresh
 
     # -- the contract ---------------------------------------------------------------------------
     def validate(self, record: Checked) -> None:
@@ -348,8 +351,7 @@ class AsyncTensorBoardTracker(AsyncTrackerBase):
     async def end_run(self, run_id: str, reason: CloseReason) -> None:
         """Records how the run ended (a side file and a text summary), if this process
         wrote to it, and forgets its event file."""
-        with self._runs_lock:
-            state = self._runs.pop(run_id, None)
+        state = self._runs.pop(run_id, None)
         if state is not None and state.pid == os.getpid():
             await run_blocking(self._write_status, run_id, state, reason)
 
@@ -398,88 +400,69 @@ class AsyncTensorBoardTracker(AsyncTrackerBase):
         state = self._state(run_id)
         # One writer at a time per run: two lanes or a lane and a sync call on one backend.
         with state.lock:
-            self._mark(run_id, state)
-            self._write_records(run_id, state, batch)
-            self._append_events(state, batch)
+            # Everything is encoded before anything is written: a value that cannot be
+            # stored fails the batch whole (RecordError), and the parts the lane splits it
+            # into hold nothing already stored.
+            side, parts = self._encode_side(run_id, batch)
+            events = None if "events" in batch.done else _encode_events(state, batch)
+            if not state.marked:
+                _put(os.path.join(state.logdir, SIDE_DIR, RUN_FILE), _json({"run_id": run_id}))
+                state.marked = True
+            for path, data in side:
+                _put(path, data)
+            batch.done.update(parts)
+            if events is not None:
+                if events.data:
+                    self._append(state, events.data)
+                    state.tags = events.tags
+                state.metadata, state.artifacts, state.sources = events.views
+                batch.done.update(("events", "metrics"))
 
-    def _mark(self, run_id: str, state: _Run) -> None:
-        if not state.marked:
-            path = os.path.join(state.logdir, SIDE_DIR, RUN_FILE)
-            _put(path, _json({"run_id": run_id}, f"the id of run {run_id!r}"))
-            state.marked = True
-
-    def _write_records(self, run_id: str, state: _Run, batch: Batch) -> None:
-        """The batch's side file, and one in each parent's folder, for the parts not done."""
+    def _encode_side(self, run_id: str, batch: Batch) -> tuple[list[tuple[str, bytes]], list[str]]:
+        """The batch's side file, and one in each parent's folder, for the parts not done;
+        and the names of those parts (as ``AsyncTrackerBase.write_batch`` names them)."""
         record: dict[str, object] = {}
+        parts: list[str] = []
         if batch.metadata and "metadata" not in batch.done:
             record["metadata"] = batch.metadata
+            parts.append("metadata")
         artifacts = [a for a in batch.artifacts.values() if f"artifact:{a.name}" not in batch.done]
         if artifacts:
             record["artifacts"] = [
                 {"name": a.name, "path": a.path, "metadata": a.metadata} for a in artifacts
             ]
+            parts += [f"artifact:{a.name}" for a in artifacts]
         sources = [s for s in batch.sources if _source_part(s) not in batch.done]
         if sources:
             record["sources"] = [[s.source_run_id, s.artifact_name] for s in sources]
+            parts += [_source_part(s) for s in sources]
         if not record:
-            return
-        # Encoded before anything is written: a record JSON cannot hold fails the batch
-        # whole, and the parts the lane splits it into hold nothing already stored.
-        files = [(state.logdir, _json(record, f"the records of run {run_id!r}"))]
+            return [], []
+        folders = [(self.logdir(run_id), _json(record))]
         by_parent: dict[str, list[list[str | None]]] = {}
         for s in sources:
             by_parent.setdefault(s.source_run_id, []).append([run_id, s.artifact_name])
         for parent, edges in by_parent.items():
-            data = _json({"descendants": edges}, f"the descendants of run {parent!r}")
-            files.append((self.logdir(parent), data))
+            folders.append((self.logdir(parent), _json({"descendants": edges})))
         base = batch.key or batch.names.setdefault("records", _new_name())
-        for logdir, data in files:
-            # Named after the batch and its content: a replay overwrites; the halves of a
-            # batch the lane split have different content, hence different names.
-            digest = hashlib.sha1(data).hexdigest()[:12]
-            _put(os.path.join(logdir, SIDE_DIR, f"{base}-{digest}.json"), data)
-        batch.done.update(
-            ["metadata"] * ("metadata" in record)
-            + [f"artifact:{a.name}" for a in artifacts]
-            + [_source_part(s) for s in sources]
-        )
-
-    def _append_events(self, state: _Run, batch: Batch) -> None:
-        if "events" in batch.done:
-            return
-        now = time.time()
-        frames = _Frames()
-        tags = set(state.tags)
-        metadata, artifacts, sources = state.metadata, state.artifacts, state.sources
-        if batch.metadata:
-            metadata = {**metadata, **batch.metadata}
-            rows = [[_cell(k), _cell(v)] for k, v in metadata.items()]
-            frames.add(_text_event(METADATA_TAG, rows, now))
-            hparams = _hparams_event(metadata, now)
-            if hparams is not None:
-                frames.add(hparams)
-        if batch.artifacts:
-            artifacts = {**artifacts, **batch.artifacts}
-            rows = [[_cell(a.name), _cell(a.path), _cell(a.metadata)] for a in artifacts.values()]
-            frames.add(_text_event(ARTIFACTS_TAG, rows, now))
-        if batch.sources:
-            sources = [*sources, *(s for s in batch.sources if s not in sources)]
-            rows = [[_cell(s.source_run_id), _cell(s.artifact_name)] for s in sources]
-            frames.add(_text_event(SOURCES_TAG, rows, now))
-        if batch.metrics and "metrics" not in batch.done:
-            _scalar_events(batch.metrics, frames, tags)
-        data = frames.data()
-        if data:
-            self._append(state, data)
-            state.tags = tags
-        state.metadata, state.artifacts, state.sources = metadata, artifacts, sources
-        batch.done.update(("events", "metrics"))
+        # Named after the batch and its content: a replay overwrites; the halves of a batch
+        # the lane split have different content, hence different names.
+        files = [
+            (
+                os.path.join(
+                    folder, SIDE_DIR, f"{base}-{hashlib.sha1(data).hexdigest()[:12]}.json"
+                ),
+                data,
+            )
+            for folder, data in folders
+        ]
+        return files, parts
 
     def _append(self, state: _Run, data: bytes) -> None:
         """Appends ``data`` to this process's event file whole, or not at all."""
         if state.events is None:
             os.makedirs(state.logdir, exist_ok=True)
-            state.events, state.tags = _new_event_file(state.logdir), set()
+            state.events = _new_event_file(state.logdir)
         fd = os.open(state.events, os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC)
         try:
             start = os.fstat(fd).st_size  # only this process appends to this file
@@ -498,7 +481,7 @@ class AsyncTensorBoardTracker(AsyncTrackerBase):
     def _write_status(self, run_id: str, state: _Run, reason: str) -> None:
         with state.lock:
             now = time.time()
-            data = _json({"status": reason, "time": now}, f"the status of run {run_id!r}")
+            data = _json({"status": reason, "time": now})
             _put(os.path.join(state.logdir, SIDE_DIR, f"{_new_name()}-status.json"), data)
             frames = _Frames()
             frames.add(_text_event(STATUS_TAG, [[_cell(reason)]], now))
@@ -599,6 +582,47 @@ def _check_text(text: str, what: str) -> None:
         raise ValueError(
             f"{what}: the text holds a lone surrogate, which TensorBoard cannot store"
         ) from None
+
+
+@dataclass
+class _Events:
+    """A batch's event records, framed, and the state of the run once they are appended."""
+
+    data: bytes
+    tags: set[str]
+    views: tuple[dict[str, object], dict[str, TrackerArtifact], list[TrackerSource]]
+
+
+def _encode_events(state: _Run, batch: Batch) -> _Events:
+    """Text tables of the run's metadata, artifacts and sources as this process wrote them
+    (when the batch changes them), hparams, and a scalar per metric point not yet stored."""
+    now = time.time()
+    frames = _Frames()
+    # The tags whose metadata the file holds: none in a file still to be made.
+    tags = set(state.tags) if state.events is not None else set()
+    metadata, artifacts, sources = state.metadata, state.artifacts, state.sources
+    try:
+        if batch.metadata:
+            metadata = {**metadata, **batch.metadata}
+            frames.add(
+                _text_event(METADATA_TAG, [[_cell(k), _cell(v)] for k, v in metadata.items()], now)
+            )
+            hparams = _hparams_event(metadata, now)
+            if hparams is not None:
+                frames.add(hparams)
+        if batch.artifacts:
+            artifacts = {**artifacts, **batch.artifacts}
+            rows = [[_cell(a.name), _cell(a.path), _cell(a.metadata)] for a in artifacts.values()]
+            frames.add(_text_event(ARTIFACTS_TAG, rows, now))
+        if batch.sources:
+            sources = [*sources, *(s for s in batch.sources if s not in sources)]
+            rows = [[_cell(s.source_run_id), _cell(s.artifact_name)] for s in sources]
+            frames.add(_text_event(SOURCES_TAG, rows, now))
+    except (ValueError, TypeError) as exc:
+        raise RecordError(f"tensorboard cannot encode a text summary: {exc}") from exc
+    if batch.metrics and "metrics" not in batch.done:
+        _scalar_events(batch.metrics, frames, tags)
+    return _Events(frames.data(), tags, (metadata, artifacts, sources))
 
 
 def _scalar_events(metrics: Sequence[TrackerMetric], frames: _Frames, tags: set[str]) -> None:
@@ -735,6 +759,10 @@ def _new_event_file(logdir: str) -> str:
             continue
         try:
             os.write(fd, frames.data())
+        except BaseException:
+            with contextlib.suppress(OSError):  # no empty file per failed attempt
+                os.unlink(path)
+            raise
         finally:
             os.close(fd)
         return path

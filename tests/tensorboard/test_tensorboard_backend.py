@@ -181,8 +181,11 @@ def test_an_append_torn_by_a_file_size_limit_is_cut_back_and_retried_in_a_new_fi
     logdir = root / run_path("fsize/run")
     files = event_files(logdir)
     assert len(files) >= 3  # each torn append moved the run to a new file
-    # Each file reads to its end (no torn record hides what follows it) ...
-    per_file = [scalars(accumulate(f), "loss") for f in files]
+    # Each file reads to its end (no torn record hides what follows it), and is a scalar
+    # series by itself ...
+    accs = [accumulate(f) for f in files]
+    assert all("loss" in acc.PluginTagToContent("scalars") for acc in accs)
+    per_file = [scalars(acc, "loss") for acc in accs]
     assert all(os.path.getsize(f) <= limit for f in files)
     # ... and together they hold every point once, in order.
     want = [(s, f32(s / 7)) for s in range(3000)]
