@@ -75,6 +75,7 @@ try:
     import numpy as np  # a dependency of tensorboard
     from google.protobuf.message import DecodeError
     from tensorboard.backend.event_processing.event_file_loader import RawEventFileLoader
+    from tensorboard.compat import tf
     from tensorboard.compat.proto import event_pb2, types_pb2
     from tensorboard.plugins.hparams import summary_v2 as hparams_summary
     from tensorboard.plugins.scalar import metadata as scalar_metadata
@@ -524,11 +525,13 @@ class AsyncTensorBoardTracker(AsyncTrackerBase):
             path = os.path.join(side, name)
             try:
                 with open(path, "rb") as f:
-                    _merge(out, json.loads(f.read()))
+                    record = _parse_record(f.read())
             except FileNotFoundError:
                 continue
             except (OSError, ValueError, TypeError, KeyError, RecursionError):
                 skipped.append(path)
+                continue
+            _merge(out, record)
         _warn(skipped)
         return out
 
@@ -567,7 +570,7 @@ class AsyncTensorBoardTracker(AsyncTrackerBase):
                 _read_event_file(path, points, scalar_tags)
             except FileNotFoundError:
                 continue
-            except (OSError, DecodeError, ValueError, TypeError):
+            except (OSError, DecodeError, ValueError, TypeError, tf.errors.OpError):
                 skipped.append(path)
         _warn(skipped)
         # Keyed by (step, client timestamp): a point stored twice (a batch replayed after
@@ -684,27 +687,37 @@ def _read_event_file(
             points.setdefault(tag, {})[(metric.step, metric.timestamp)] = metric
 
 
-def _merge(out: _Records, entry: object) -> None:
+def _parse_record(data: bytes) -> _Records:
+    """One side file, whole or not at all (TypeError, ValueError, KeyError)."""
+    entry = json.loads(data)
     if not isinstance(entry, dict):
-        raise TypeError("a record file holds a JSON object")
-    metadata = entry.get("metadata")
-    if metadata is not None:
-        if not isinstance(metadata, dict):
-            raise TypeError("metadata is not an object")
-        out.metadata.update(metadata)
-    for a in entry.get("artifacts") or ():
-        meta = a.get("metadata")
+        raise TypeError("a side file holds a JSON object")
+    out = _Records()
+    metadata = entry.get("metadata", {})
+    if not isinstance(metadata, dict):
+        raise TypeError("metadata is not an object")
+    out.metadata = metadata
+    for a in entry.get("artifacts", ()):
+        meta = a.get("metadata") if isinstance(a, dict) else None
         if meta is not None and not isinstance(meta, dict):
             raise TypeError("artifact metadata is not an object")
         out.artifacts[str(a["name"])] = TrackerArtifact(str(a["name"]), str(a["path"]), meta)
     for key, into in (("sources", out.sources), ("descendants", out.descendants)):
-        for run, artifact in entry.get(key) or ():
-            edge = TrackerSource(str(run), None if artifact is None else str(artifact))
-            if edge not in into:
-                into.append(edge)
+        for run, artifact in entry.get(key, ()):
+            into.append(TrackerSource(str(run), None if artifact is None else str(artifact)))
     status = entry.get("status")
-    if status is not None:
-        out.status = str(status)
+    out.status = None if status is None else str(status)
+    return out
+
+
+def _merge(out: _Records, record: _Records) -> None:
+    """Adds a later side file: its metadata keys and artifact names win, edges are kept
+    once, in the order first written."""
+    out.metadata.update(record.metadata)
+    out.artifacts.update(record.artifacts)
+    for into, edges in ((out.sources, record.sources), (out.descendants, record.descendants)):
+        into.extend(e for e in edges if e not in into)
+    out.status = record.status or out.status
 
 
 def _listdir(path: str, skipped: list[str]) -> list[str]:

@@ -403,6 +403,8 @@ async def test_reads_skip_what_they_cannot_parse_with_one_warning(
     (logdir / SIDE_DIR / "0000-deep.json").write_text("[" * 100_000 + "]" * 100_000)
     (logdir / SIDE_DIR / "0001-wrong.json").write_text('{"metadata": [1, 2]}')
     (logdir / SIDE_DIR / "0002-truncated.json").write_text('{"metadata": {"lr"')
+    # Sorts after the real file: read whole or not at all, so its metadata does not win.
+    (logdir / SIDE_DIR / "9999-half.json").write_text('{"metadata": {"lr": 9}, "artifacts": ["x"]}')
     # A torn last record (a crash mid-append): the points before it are read.
     (events,) = (f for f in event_files(logdir) if "garbage" not in f.name)
     with open(events, "ab") as f:
@@ -415,7 +417,7 @@ async def test_reads_skip_what_they_cannot_parse_with_one_warning(
         assert await tracker.metrics("file-for-a-folder") == {}
         assert await tracker.run_ids() == ["r"]
     warnings = [r.getMessage() for r in caplog.records]
-    assert len([w for w in warnings if "0000-deep.json" in w and "0001-wrong" in w]) == 1
+    assert len([w for w in warnings if "0000-deep.json" in w and "9999-half" in w]) == 1
     assert any("file-for-a-folder" in w for w in warnings)
 
 
