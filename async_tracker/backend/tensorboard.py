@@ -39,6 +39,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import hashlib
+import io
 import itertools
 import json
 import logging
@@ -217,28 +218,13 @@ def _hparams_event(metadata: Mapping[str, object], wall_time: float) -> bytes | 
     return bytes(event.SerializeToString())
 
 
-class _Frames:
-    """Records framed by TensorBoard's ``RecordWriter`` into memory (a file-like sink)."""
-
-    def __init__(self) -> None:
-        self.parts: list[bytes] = []
-        self.closed = False
-        self._writer = RecordWriter(self)
-
-    def write(self, data: bytes) -> None:
-        self.parts.append(data)
-
-    def flush(self) -> None:
-        pass
-
-    def close(self) -> None:
-        self.closed = True
-
-    def add(self, record: bytes) -> None:
-        self._writer.write(record)
-
-    def data(self) -> bytes:
-        return b"".join(self.parts)
+def _framed(records: Iterable[bytes]) -> bytes:
+    """Serialized events framed by TensorBoard's ``RecordWriter`` (length, CRC-32C, data)."""
+    buffer = io.BytesIO()
+    writer = RecordWriter(buffer)
+    for record in records:
+        writer.write(record)
+    return buffer.getvalue()
 
 
 # -- per-run state of this process --------------------------------------------------------------
@@ -484,9 +470,7 @@ class AsyncTensorBoardTracker(AsyncTrackerBase):
             now = time.time()
             data = _json({"status": reason, "time": now})
             _put(os.path.join(state.logdir, SIDE_DIR, f"{_new_name()}-status.json"), data)
-            frames = _Frames()
-            frames.add(_text_event(STATUS_TAG, [[_cell(reason)]], now))
-            self._append(state, frames.data())
+            self._append(state, _framed([_text_event(STATUS_TAG, [[_cell(reason)]], now)]))
 
     # -- reads ----------------------------------------------------------------------------------
     async def metadata(self, run_id: str) -> Mapping[str, object]:
@@ -600,35 +584,34 @@ def _encode_events(state: _Run, batch: Batch) -> _Events:
     """Text tables of the run's metadata, artifacts and sources as this process wrote them
     (when the batch changes them), hparams, and a scalar per metric point not yet stored."""
     now = time.time()
-    frames = _Frames()
+    records: list[bytes] = []
     # The tags whose metadata the file holds: none in a file still to be made.
     tags = set(state.tags) if state.events is not None else set()
     metadata, artifacts, sources = state.metadata, state.artifacts, state.sources
     try:
         if batch.metadata:
             metadata = {**metadata, **batch.metadata}
-            frames.add(
-                _text_event(METADATA_TAG, [[_cell(k), _cell(v)] for k, v in metadata.items()], now)
-            )
+            rows = [[_cell(k), _cell(v)] for k, v in metadata.items()]
+            records.append(_text_event(METADATA_TAG, rows, now))
             hparams = _hparams_event(metadata, now)
             if hparams is not None:
-                frames.add(hparams)
+                records.append(hparams)
         if batch.artifacts:
             artifacts = {**artifacts, **batch.artifacts}
             rows = [[_cell(a.name), _cell(a.path), _cell(a.metadata)] for a in artifacts.values()]
-            frames.add(_text_event(ARTIFACTS_TAG, rows, now))
+            records.append(_text_event(ARTIFACTS_TAG, rows, now))
         if batch.sources:
             sources = [*sources, *(s for s in batch.sources if s not in sources)]
             rows = [[_cell(s.source_run_id), _cell(s.artifact_name)] for s in sources]
-            frames.add(_text_event(SOURCES_TAG, rows, now))
+            records.append(_text_event(SOURCES_TAG, rows, now))
     except (ValueError, TypeError) as exc:
         raise RecordError(f"tensorboard cannot encode a text summary: {exc}") from exc
     if batch.metrics and "metrics" not in batch.done:
-        _scalar_events(batch.metrics, frames, tags)
-    return _Events(frames.data(), tags, (metadata, artifacts, sources))
+        records += _scalar_events(batch.metrics, tags)
+    return _Events(_framed(records), tags, (metadata, artifacts, sources))
 
 
-def _scalar_events(metrics: Sequence[TrackerMetric], frames: _Frames, tags: set[str]) -> None:
+def _scalar_events(metrics: Sequence[TrackerMetric], tags: set[str]) -> list[bytes]:
     """One event per point: its step, the client's time, and the value twice in one tensor.
 
     TensorBoard's data server shows only float32 scalar tensors, so the tensor is a
@@ -637,6 +620,7 @@ def _scalar_events(metrics: Sequence[TrackerMetric], frames: _Frames, tags: set[
     and values beyond float32 included). The scalar plugin's metadata goes with the first
     point of each tag in a file, as TensorBoard's writers do."""
     meta = scalar_metadata.create_summary_metadata(display_name=None, description=None)
+    records = []
     for point in metrics:
         try:
             event = event_pb2.Event(wall_time=point.timestamp, step=point.step)
@@ -647,11 +631,12 @@ def _scalar_events(metrics: Sequence[TrackerMetric], frames: _Frames, tags: set[
             if point.name not in tags:
                 value.metadata.CopyFrom(meta)
                 tags.add(point.name)
-            frames.add(event.SerializeToString())
+            records.append(event.SerializeToString())
         except (ValueError, TypeError) as exc:  # a step beyond 64 bits, a lone surrogate
             raise RecordError(
                 f"tensorboard cannot store metric {point.name!r} at step {point.step}: {exc}"
             ) from exc
+    return records
 
 
 def _read_event_file(
@@ -758,10 +743,8 @@ def _put(path: str, data: bytes) -> None:
 def _new_event_file(logdir: str) -> str:
     """Creates an event file named as TensorBoard's writers name theirs, holding the
     file-version event TensorBoard reads first."""
-    frames = _Frames()
-    frames.add(
-        event_pb2.Event(wall_time=time.time(), file_version=FILE_VERSION).SerializeToString()
-    )
+    header = event_pb2.Event(wall_time=time.time(), file_version=FILE_VERSION)
+    data = _framed([header.SerializeToString()])
     host = socket.gethostname().replace("/", "_") or "localhost"
     while True:
         name = f"events.out.tfevents.{int(time.time()):010d}.{host}.{os.getpid()}.{next(_files)}"
@@ -771,7 +754,7 @@ def _new_event_file(logdir: str) -> str:
         except FileExistsError:  # another process with our pid and host (a container)
             continue
         try:
-            os.write(fd, frames.data())
+            os.write(fd, data)
         except BaseException:
             with contextlib.suppress(OSError):  # no empty file per failed attempt
                 os.unlink(path)

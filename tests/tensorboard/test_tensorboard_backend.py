@@ -333,19 +333,19 @@ def test_map_error(error: BaseException, kind: str) -> None:
     assert map_error(mapped) is mapped  # mapping twice changes nothing
 
 
-def test_end_run_records_how_the_run_ended(tmp_path: Path) -> None:
+async def test_end_run_records_how_the_run_ended(tmp_path: Path) -> None:
     tracker = AsyncTensorBoardTracker(tmp_path)
-    with pytest.raises(KeyError), AppRun("failing", [tracker]) as run:
+    with pytest.raises(KeyError):
+        async with AppRun("failing", [tracker]) as run:
+            run.log_metric("loss", 1.0, step=0)
+            raise KeyError("boom")
+    async with AppRun("fine", [tracker]) as run:
         run.log_metric("loss", 1.0, step=0)
-        raise KeyError("boom")
-    with AppRun("fine", [tracker]) as run:
-        run.log_metric("loss", 1.0, step=0)
-    sync = TensorBoardTracker(tmp_path)
-    assert sync._call(tracker.run_status, "failing") == "failed"
-    assert sync._call(tracker.run_status, "fine") == "finished"
+    assert await tracker.run_status("failing") == "failed"
+    assert await tracker.run_status("fine") == "finished"
     assert text(accumulate(tracker.logdir("failing")), STATUS_TAG) == [["`failed`"]]
     # The status is not metadata: metadata() reads what the job wrote.
-    assert sync.metadata("failing") == {}
+    assert await tracker.metadata("failing") == {}
 
 
 async def test_aclose_ends_the_runs_still_open_and_writes_again_later(tmp_path: Path) -> None:
