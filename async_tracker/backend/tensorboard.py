@@ -811,18 +811,22 @@ def read_config(config_file: str) -> dict[str, str]:
     return config
 
 
+ENV_DEFAULT_ROOT = "ASYNC_TRACKER_TENSORBOARD_DIR"
+DEFAULT_ROOT = "./tensorboard_runs"
+
+
 def create(config: str | None) -> TensorBoardTracker:
     """The ``tensorboard`` factory: ``config`` is a file of ``key=value`` lines with
-    ``root_path`` (a local folder, created on the first write)::
+    ``root_path`` (a local folder, created on the first write); without one, the folder is
+    ``$ASYNC_TRACKER_TENSORBOARD_DIR``, else ``./tensorboard_runs``::
 
         TORCHX_TRACKERS=tensorboard
         TORCHX_TRACKER_TENSORBOARD_CONFIG=/path/to/tensorboard.cfg   # root_path=/data/tb
     """
     if not config:
-        raise TrackerConfigError(
-            "the tensorboard tracker needs a config file (TORCHX_TRACKER_TENSORBOARD_CONFIG) "
-            "with 'root_path'"
-        )
+        # No config (TORCHX_TRACKERS=tensorboard alone, init(backends=["tensorboard"])):
+        # $ASYNC_TRACKER_TENSORBOARD_DIR, else ./tensorboard_runs, for tensorboard --logdir.
+        return TensorBoardTracker(os.environ.get(ENV_DEFAULT_ROOT) or DEFAULT_ROOT)
     values = read_config(config)
     unknown = sorted(set(values) - CONFIG_KEYS)
     if unknown:

@@ -436,16 +436,25 @@ def test_create_reads_root_path_from_a_config_file(tmp_path: Path) -> None:
     assert repr(tracker) == f"<TensorBoardTracker: root_path={tmp_path / 'tb'}>"
 
 
+def test_create_without_a_config_writes_to_the_default_folder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("ASYNC_TRACKER_TENSORBOARD_DIR", raising=False)
+    assert repr(create(None)) == f"<TensorBoardTracker: root_path={tmp_path / 'tensorboard_runs'}>"
+    monkeypatch.setenv("ASYNC_TRACKER_TENSORBOARD_DIR", str(tmp_path / "tb"))
+    assert repr(create(None)) == f"<TensorBoardTracker: root_path={tmp_path / 'tb'}>"
+
+
 @pytest.mark.parametrize(
     ("content", "message"),
     [
-        (None, "needs a config file"),
         ("", "lacks 'root_path'"),
         ("root_path=/x\nflush_secs=3\n", "unknown keys ['flush_secs']"),
         ("root_path=s3://bucket/tb\n", "local folder"),
         ("just words\n", "line 1: expected key=value"),
     ],
-    ids=["none", "no-root", "unknown-key", "remote", "malformed"],
+    ids=["no-root", "unknown-key", "remote", "malformed"],
 )
 def test_create_refuses_configs_it_cannot_use(
     tmp_path: Path, content: str | None, message: str
@@ -458,3 +467,16 @@ def test_create_refuses_configs_it_cannot_use(
         create(config)
     with pytest.raises(TrackerConfigError, match="cannot read"):
         create(str(tmp_path / "missing.cfg"))
+
+
+def test_init_with_a_tensorboard_beside_the_store(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import async_tracker
+
+    monkeypatch.setenv("ASYNC_TRACKER_TENSORBOARD_DIR", str(tmp_path / "tb"))
+    with async_tracker.init("p", dir=str(tmp_path / "store"), backends=["tensorboard"]) as run:
+        for step in range(3):
+            run.log_metric("loss", 1.0 / (step + 1), step=step)
+    read = create(None).metrics(run.id)
+    assert [(p.step, p.value) for p in read["loss"]] == [(0, 1.0), (1, 0.5), (2, 1 / 3)]
