@@ -960,7 +960,8 @@ def _put_config(config: dict[str, Any], key: str, value: object, where: str) -> 
 
 
 _INT = re.compile(r"[+-]?(0|[1-9][0-9]*)")
-_FLOAT = re.compile(r"[+-]?([0-9]+\.[0-9]*|\.[0-9]+|[0-9]+)([eE][+-]?[0-9]+)?")
+# A number with a leading zero ("007", "01.5") stays text: it may be an id or a secret.
+_FLOAT = re.compile(r"[+-]?(0|[1-9][0-9]*)(\.[0-9]*)?([eE][+-]?[0-9]+)?|[+-]?\.[0-9]+")
 # Keys whose values stay text even when they look like numbers: credentials, and names.
 _TEXT_KEYS = re.compile(r"key|secret|token|password|passwd|profile|name|path|url|bucket")
 
