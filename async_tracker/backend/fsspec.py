@@ -3,7 +3,7 @@
 Layout under ``root_dir`` (torchx's ``FsspecTracker`` and ``torchx tracker list`` read it)::
 
     <base32(run_id)>/
-        metadata/<time>-<tag>-<digest(key)>     {"metadata": {key: value}}, one per key write
+        metadata/<time>-<tag>-<n>-<digest(key)> {"metadata": {key: value}}, one per key write
         artifacts/<base32(name)>                {"name": .., "path": .., "metadata": ..}
         sources/<base32(src)>                   artifact names, one a line ("" for none)
         parents/<base32(src)>.<digest(art)>     new: one file per lineage edge (its artifact)
@@ -14,7 +14,7 @@ Layout under ``root_dir`` (torchx's ``FsspecTracker`` and ``torchx tracker list`
 Names of metadata and metric files start with the wall-clock time in nanoseconds, then a tag
 unique to the process (hosts and forks included) and a counter, so they never collide and
 sort into write order. A batch that has a ``key`` (fixed when it was cut, before its
-write-ahead line) uses it as the tag: ``metadata/<key>-<digest>`` and
+write-ahead line) uses it as the tag: ``metadata/<key>-<n>-<digest>`` and
 ``metrics/<key>-<digest of the segment>.jsonl``, so that a retry, or a replay by another
 process after a crash, overwrites instead of duplicating. A batch without a key gets a tag at
 its first attempt and keeps it for its retries (``Batch.names``).
@@ -123,7 +123,7 @@ RUN_PARTS = frozenset({METADATA_DIR, ARTIFACTS_DIR, SOURCES_DIR, PARENTS_DIR, ME
 # filesystem: a store is copied between disks and buckets, and torchx reads both.
 MAX_FILE_NAME_BYTES = 255
 DIGEST_CHARS = 16  # 64 bits of sha256: a collision among one run's keys is not a concern
-# A metadata file of ours: "<19-digit time>-<tag>-<digest of the key>".
+# A metadata file of ours: "<19-digit time>-<tag>-<position>-<digest of the key>".
 _KEY_FILE = re.compile(r"\d{19}-.+-([0-9a-f]{16})")
 _DIGEST = re.compile(r"[0-9a-f]{16}")
 _LEADING_DIGITS = re.compile(r"\d+")
@@ -509,12 +509,13 @@ class AsyncFsspecTracker(AsyncTrackerBase):
             batch.done.add("metrics")
 
     async def _write_metadata(self, run_id: str, metadata: Mapping[str, object], tag: str) -> None:
-        """One file per key, named ``<tag>-<digest of the key>``: the tag starts with the
-        time the batch was cut, which orders the writes of a key across processes."""
+        """One file per key, named ``<tag>-<position>-<digest of the key>``: the tag starts
+        with the time the batch was cut, which orders the writes of a key across processes."""
         directory = self._path(run_id, METADATA_DIR)
         files: dict[str, bytes] = {}
-        for key, value in metadata.items():
-            path = posixpath.join(directory, f"{tag}-{_digest(key)}")
+        # The position in the name keeps the keys of one call in call order for readers.
+        for position, (key, value) in enumerate(metadata.items()):
+            path = posixpath.join(directory, f"{tag}-{position:06d}-{_digest(key)}")
             files[path] = _encode_json({"metadata": {key: value}}, path)
         await self._storage.put_many(files, self._path(run_id, TMP_DIR))
         await self._remove_superseded(directory)

@@ -380,3 +380,14 @@ async def test_aclose_with_each_reason_leaves_the_store_and_filesystem_usable(
     # The filesystem is fsspec's shared instance: still working for anyone holding it.
     again = AsyncFsspecTracker(fs, str(root))
     assert await again.metadata(RUN) == {"finished": True, "failed": True, "killed": True}
+
+
+def test_metadata_keys_read_back_in_call_order(tracker: FsspecTracker) -> None:
+    # One file per key: the files of one call sort in the order of its keys, not by digest;
+    # keys come in the order of their last writes (a rewritten key's older file is gone).
+    keys = [f"key{i}" for i in range(40)]
+    tracker.add_metadata(RUN, **{k: i for i, k in enumerate(keys)})
+    assert list(tracker.metadata(RUN)) == keys
+    tracker.add_metadata(RUN, key0="again", new=1)
+    assert list(tracker.metadata(RUN)) == [*keys[1:], "key0", "new"]
+    assert tracker.metadata(RUN)["key0"] == "again"

@@ -398,8 +398,8 @@ async def test_batch_key_names_the_files_and_a_replay_overwrites(tmp_path: Path)
     await first.write_batch(RUN, b2)
     metadata_files = sorted(p.name for p in (run_dir / "metadata").iterdir())
     metric_files = sorted(p.name for p in (run_dir / "metrics").iterdir())
-    # One file per key, named by the batch's key then a digest of the metadata key.
-    assert [f.rsplit("-", 1)[0] for f in metadata_files] == [k1, k2]
+    # One file per key, named by the batch's key, its position, a digest of the key.
+    assert [f.rsplit("-", 2)[0] for f in metadata_files] == [k1, k2]
     assert [f.split("-")[:3] for f in metric_files] == [k1.split("-"), k2.split("-")]
     assert all(f.endswith(".jsonl") for f in metric_files)
 
