@@ -308,11 +308,31 @@ class _Storage:
         return await self._threads.run(getattr(self.fs, name), *args, **kwargs)
 
     async def put(self, path: str, data: bytes, stage_dir: str) -> None:
+        await self.put_many({path: data}, stage_dir)
+
+    async def put_many(self, files: Mapping[str, bytes], stage_dir: str) -> None:
+        """Writes each of ``files`` (path: content). A failure names the file it was about,
+        once every write has ended (none is left running behind the error)."""
+        if not files:
+            return
+        if self.is_async:
+            await _gather_bounded([self._pipe(path, data) for path, data in files.items()])
+        else:
+            # One worker-thread call for them all: the thread hop costs more than a small
+            # local write.
+            await self._threads.run(self._put_many_sync, files, stage_dir)
+
+    async def _pipe(self, path: str, data: bytes) -> None:
         with _mapped(f"write of {path}"):
-            if self.stages:
-                await self._threads.run(self._put_staged, path, data, stage_dir)
-            else:
-                await self._call("pipe_file", path, data)
+            await self._call("pipe_file", path, data)
+
+    def _put_many_sync(self, files: Mapping[str, bytes], stage_dir: str) -> None:
+        for path, data in files.items():
+            with _mapped(f"write of {path}"):
+                if self.stages:
+                    self._put_staged(path, data, stage_dir)
+                else:
+                    self.fs.pipe_file(path, data)
 
     def _put_staged(self, path: str, data: bytes, stage_dir: str) -> None:
         self.fs.makedirs(stage_dir, exist_ok=True)
@@ -327,26 +347,6 @@ class _Storage:
                 if self.fs.exists(tmp):
                     self.fs.rm_file(tmp)
             raise
-
-    async def put_many(self, files: Mapping[str, bytes], stage_dir: str) -> None:
-        """Writes each of ``files`` (path: content). A failure names the file it was about,
-        once every write has ended (none is left running behind the error)."""
-        if not files:
-            return
-        if not self.is_async:
-            # One worker-thread call for them all: the thread hop costs more than a small
-            # local write.
-            await self._threads.run(self._put_many_sync, files, stage_dir)
-            return
-        await _gather_bounded([self.put(path, data, stage_dir) for path, data in files.items()])
-
-    def _put_many_sync(self, files: Mapping[str, bytes], stage_dir: str) -> None:
-        for path, data in files.items():
-            with _mapped(f"write of {path}"):
-                if self.stages:
-                    self._put_staged(path, data, stage_dir)
-                else:
-                    self.fs.pipe_file(path, data)
 
     async def get(self, path: str) -> bytes | None:
         with _mapped(f"read of {path}"):
