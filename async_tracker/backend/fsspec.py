@@ -38,6 +38,7 @@ from __future__ import annotations
 import asyncio
 import binascii
 import contextlib
+import functools
 import hashlib
 import itertools
 import json
@@ -56,7 +57,7 @@ from typing import Any, TypeVar
 import fsspec
 from fsspec.implementations.local import LocalFileSystem
 
-from async_tracker.adapters import SyncTracker, Threads
+from async_tracker.adapters import SyncTracker
 from async_tracker.backend.errors import (
     chain,
     errno_error,
@@ -81,7 +82,7 @@ from async_tracker.records import (
     TrackerSource,
     sort_points,
 )
-from async_tracker.settings import DEFAULT_THREADS_PER_BACKEND
+from async_tracker.threads import run_blocking
 
 if sys.version_info < (3, 11):  # pragma: no cover - 3.10
     from exceptiongroup import BaseExceptionGroup
@@ -254,12 +255,12 @@ class _Storage:
     behind the process-wide limiter. Either way the tracker loop itself never blocks on I/O.
     """
 
-    def __init__(self, fs: fsspec.AbstractFileSystem) -> None:
+    def __init__(self, fs: fsspec.AbstractFileSystem, endpoint: str) -> None:
         self.fs = fs
         self.is_async = bool(getattr(fs, "async_impl", False)) and not getattr(
             fs, "asynchronous", False
         )
-        self._threads = Threads(DEFAULT_THREADS_PER_BACKEND)
+        self.endpoint = endpoint  # whose limit its worker threads count against
         # Only filesystems with an atomic rename stage files; an object store PUT is atomic.
         self.stages = isinstance(fs, LocalFileSystem)
 
@@ -268,12 +269,13 @@ class _Storage:
             coro = getattr(self.fs, "_" + name)(*args, **kwargs)
             future = asyncio.run_coroutine_threadsafe(coro, self.fs.loop)
             return await asyncio.wrap_future(future)
-        return await self._threads.run(getattr(self.fs, name), *args, **kwargs)
+        call = functools.partial(getattr(self.fs, name), *args, **kwargs)
+        return await run_blocking(call, endpoint=self.endpoint)
 
     async def put(self, path: str, data: bytes, stage_dir: str) -> None:
         with _mapped(f"write of {path}"):
             if self.stages:
-                await self._threads.run(self._put_staged, path, data, stage_dir)
+                await run_blocking(self._put_staged, path, data, stage_dir, endpoint=self.endpoint)
             else:
                 await self._call("pipe_file", path, data)
 
@@ -336,7 +338,7 @@ class AsyncFsspecTracker(AsyncTrackerBase):
     def __init__(self, fs: fsspec.AbstractFileSystem, root_dir: str) -> None:
         self.fs = fs
         self.root_dir = fs._strip_protocol(root_dir).rstrip("/") or "/"
-        self._storage = _Storage(fs)
+        self._storage = _Storage(fs, fs.unstrip_protocol(self.root_dir))
         # Per run: (pid, merged metadata, name of our last metadata file). The pid makes a
         # forked child start afresh instead of removing its parent's file.
         self._metadata_state: dict[str, tuple[int, dict[str, object], str | None]] = {}
