@@ -31,7 +31,6 @@ Its threads are daemons, so a hung call never keeps the process alive. Idle thre
 
 from __future__ import annotations
 
-import asyncio
 import concurrent.futures
 import functools
 import os
@@ -40,6 +39,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any, Generic, TypeVar
 
+from async_tracker.loop import wait_future
 from async_tracker.settings import (
     DEFAULT_THREAD_LIMIT,
     DEFAULT_THREADS_PER_ENDPOINT,
@@ -254,9 +254,9 @@ async def run_blocking(fn: Callable[..., T], *args: Any, endpoint: str) -> T:
     Pass keyword arguments with ``functools.partial``.
     """
     future = thread_pool().submit(functools.partial(fn, *args), endpoint)
-    # The tracker loop is asyncio (anyio's asyncio backend): wrap_future wakes it through
-    # call_soon_threadsafe, and cancelling the await cancels the job's future.
-    return await asyncio.wrap_future(future)
+    # Woken through the awaiting loop's thread-safe entry (the tracker loop's, or asyncio's or
+    # trio's for a backend used directly); cancelling the await cancels the job's future.
+    return await wait_future(future)
 
 
 def _after_fork_in_child() -> None:

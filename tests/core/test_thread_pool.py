@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +15,7 @@ import pytest
 from fsspec.implementations.local import LocalFileSystem
 
 from async_tracker import AppRun, FlushReport
-from async_tracker.backend.fsspec import FsspecTracker
+from async_tracker.backend.fsspec import AsyncFsspecTracker, FsspecTracker
 from async_tracker.threads import ThreadPool, run_blocking, thread_pool
 from tests.core.helpers import Child
 from tests.core.test_process import run_in_fork
@@ -125,6 +125,31 @@ async def test_what_a_call_raises_is_raised_in_its_caller() -> None:
 
     with pytest.raises(ValueError, match="bad 3"):
         await run_blocking(fail, 3, endpoint="test://errors")
+
+
+def test_a_backend_used_directly_under_trio_runs_its_blocking_calls(tmp_path: Path) -> None:
+    import trio
+
+    gate = threading.Event()
+    entered = threading.Event()
+
+    def stuck() -> None:
+        entered.set()
+        gate.wait()
+
+    async def main() -> Mapping[str, object]:
+        tracker = AsyncFsspecTracker(LocalFileSystem(), str(tmp_path))
+        await tracker.add_metadata("r", a=1)
+        with trio.CancelScope() as scope:
+            scope.cancel()  # cancelled from the start: the call is abandoned at once
+            await run_blocking(stuck, endpoint="test://trio")
+        assert scope.cancelled_caught
+        return await tracker.metadata("r")
+
+    try:
+        assert trio.run(main) == {"a": 1}
+    finally:
+        gate.set()
 
 
 class StuckFileSystem(LocalFileSystem):
@@ -280,7 +305,7 @@ import sys
 import fsspec
 import async_tracker.threads as threads
 from async_tracker import AppRun, FlushReport
-from async_tracker.backend.fsspec import FsspecTracker
+from async_tracker.backend.fsspec import AsyncFsspecTracker, FsspecTracker
 
 # Idle threads end at once, but for the last one: the exit path must find a thread to run on
 # (Python 3.12 refuses to start one at interpreter exit).
