@@ -10,7 +10,6 @@
 from __future__ import annotations
 
 import functools
-import itertools
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from typing import Any, TypeVar
 
@@ -30,8 +29,6 @@ from async_tracker.threads import run_blocking
 
 T = TypeVar("T")
 
-_instances = itertools.count(1)
-
 
 class ThreadedTracker(AsyncTrackerBase):
     """An ``AsyncTrackerBase`` over a blocking ``TrackerBase`` (see :func:`as_async`).
@@ -43,9 +40,10 @@ class ThreadedTracker(AsyncTrackerBase):
     def __init__(self, tracker: TrackerBase) -> None:
         self.tracker = tracker
         self.name = backend_name(tracker)
-        # What it talks to is unknown: each instance is an endpoint of its own, so that a
-        # hung one holds at most its share of the process's threads.
-        self.endpoint = f"{type(tracker).__qualname__}#{next(_instances)}"
+        # What it talks to is unknown: each backend object is an endpoint of its own (shared
+        # by the runs it serves), so that a hung one holds at most its share of the threads.
+        # An id is not reused while a call holds a slot: the call holds the object.
+        self.endpoint = f"{type(tracker).__qualname__}@{id(tracker):#x}"
 
     async def _run(self, fn: Callable[..., T], *args: Any) -> T:
         return await run_blocking(fn, *args, endpoint=self.endpoint)

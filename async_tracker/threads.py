@@ -25,8 +25,8 @@ server would add a thread for good.
 The pool is plain threads and a lock, tied to no event loop: it is created on first use, anew
 in a forked child (which has none of the parent's threads, and maybe a copy of a held lock).
 Its threads are daemons, so a hung call never keeps the process alive. Idle threads end after
-``THREAD_IDLE_S``, except the last: the tracker loop starts one with itself, because Python
-3.12 refuses to start threads at interpreter exit, when open runs are closed.
+``THREAD_IDLE_S``, but for one: the tracker loop starts it with itself, and it stays, because
+Python 3.12 refuses to start threads at interpreter exit, when open runs are closed.
 """
 
 from __future__ import annotations
@@ -201,7 +201,9 @@ class ThreadPool:
     def _take_locked(self) -> _Job[Any] | None:
         timed_out = False
         while not self._ready:
-            if timed_out and self._threads > 1:
+            # One idle thread always stays (see the module's docstring: the exit path), also
+            # when the others are hung in calls.
+            if timed_out and self._idle > 0:
                 return None
             self._idle += 1
             try:
