@@ -49,6 +49,7 @@ from __future__ import annotations
 import asyncio
 import binascii
 import contextlib
+import functools
 import hashlib
 import itertools
 import json
@@ -69,7 +70,7 @@ import fsspec
 import fsspec.core
 from fsspec.implementations.local import LocalFileSystem
 
-from async_tracker.adapters import SyncTracker, Threads
+from async_tracker.adapters import SyncTracker
 from async_tracker.backend.errors import (
     chain,
     errno_error,
@@ -94,7 +95,7 @@ from async_tracker.records import (
     TrackerSource,
     sort_points,
 )
-from async_tracker.settings import DEFAULT_THREADS_PER_BACKEND
+from async_tracker.threads import run_blocking
 
 if sys.version_info < (3, 11):  # pragma: no cover - 3.10
     from exceptiongroup import BaseExceptionGroup
@@ -291,12 +292,12 @@ class _Storage:
     behind the process-wide limiter. Either way the tracker loop itself never blocks on I/O.
     """
 
-    def __init__(self, fs: fsspec.AbstractFileSystem) -> None:
+    def __init__(self, fs: fsspec.AbstractFileSystem, endpoint: str) -> None:
         self.fs = fs
         self.is_async = bool(getattr(fs, "async_impl", False)) and not getattr(
             fs, "asynchronous", False
         )
-        self._threads = Threads(DEFAULT_THREADS_PER_BACKEND)
+        self.endpoint = endpoint  # whose limit its worker threads count against
         # Only filesystems with an atomic rename stage files; an object store PUT is atomic.
         self.stages = isinstance(fs, LocalFileSystem)
 
@@ -305,7 +306,8 @@ class _Storage:
             coro = getattr(self.fs, "_" + name)(*args, **kwargs)
             future = asyncio.run_coroutine_threadsafe(coro, self.fs.loop)
             return await asyncio.wrap_future(future)
-        return await self._threads.run(getattr(self.fs, name), *args, **kwargs)
+        call = functools.partial(getattr(self.fs, name), *args, **kwargs)
+        return await run_blocking(call, endpoint=self.endpoint)
 
     async def put(self, path: str, data: bytes, stage_dir: str) -> None:
         await self.put_many({path: data}, stage_dir)
@@ -320,7 +322,7 @@ class _Storage:
         else:
             # One worker-thread call for them all: the thread hop costs more than a small
             # local write.
-            await self._threads.run(self._put_many_sync, files, stage_dir)
+            await run_blocking(self._put_many_sync, files, stage_dir, endpoint=self.endpoint)
 
     async def _pipe(self, path: str, data: bytes) -> None:
         with _mapped(f"write of {path}"):
@@ -383,7 +385,7 @@ class _Storage:
         if not paths:
             return
         if not self.is_async:
-            await self._threads.run(self._rm_many_sync, paths)
+            await run_blocking(self._rm_many_sync, paths, endpoint=self.endpoint)
             return
         await _gather_bounded([self.rm(path) for path in paths])
 
@@ -439,7 +441,7 @@ class AsyncFsspecTracker(AsyncTrackerBase):
     def __init__(self, fs: fsspec.AbstractFileSystem, root_dir: str) -> None:
         self.fs = fs
         self.root_dir = fs._strip_protocol(root_dir).rstrip("/") or "/"
-        self._storage = _Storage(fs)
+        self._storage = _Storage(fs, fs.unstrip_protocol(self.root_dir))
 
     def _run_dir(self, run_id: str) -> str:
         return posixpath.join(self.root_dir, encode_run_id(run_id))
