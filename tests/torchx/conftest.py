@@ -44,9 +44,9 @@ def torchx_tracker_python(torchx_python: Path) -> Path:
     comes from this checkout through PYTHONPATH). fsspec and filelock are torchx's too."""
     # Our dependencies as pyproject.toml lists them (names only: the pins are constraints').
     project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
-    wanted = [  # those with an environment marker may not apply to that venv: pip decides
-        re.split(r"[<>=!\[ ]", dep, maxsplit=1)[0] for dep in project["dependencies"] if ";" not in dep
-    ]
+    # Those with an environment marker may not apply to that venv: pip decides.
+    unmarked = [dep for dep in project["dependencies"] if ";" not in dep]
+    wanted = [re.split(r"[<>=!\[ ]", dep, maxsplit=1)[0] for dep in unmarked]
     check = "import importlib.metadata as m, sys; [m.version(n) for n in sys.argv[1:]]"
     if subprocess.run([str(torchx_python), "-c", check, *wanted]).returncode:
         subprocess.run(
