@@ -40,11 +40,12 @@ def clean_env(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
 def torchx_tracker_python(torchx_python: Path) -> Path:
     """torchx's venv, with async_tracker's light dependencies added (async_tracker itself
     comes from this checkout through PYTHONPATH). fsspec and filelock are torchx's too."""
-    if subprocess.run([str(torchx_python), "-c", "import anyio, tenacity"]).returncode:
+    check = "import anyio, platformdirs, tenacity"
+    if subprocess.run([str(torchx_python), "-c", check]).returncode:
         subprocess.run(
             [
                 str(torchx_python), "-m", "pip", "install", "-q",
-                "-c", str(REPO / "constraints.txt"), "anyio", "tenacity",
+                "-c", str(REPO / "constraints.txt"), "anyio", "platformdirs", "tenacity",
             ],
             check=True,
         )
