@@ -234,9 +234,7 @@ def test_limits_checked_at_the_call_site_of_the_sync_face(
     assert runs_of(client, experiment_name) == []  # nothing of those calls was sent
 
 
-def test_apprun_refuses_what_mlflow_would_at_the_call_site(
-    tracker: MLflowTracker, client: Any, experiment_name: str
-) -> None:
+def test_apprun_refuses_what_mlflow_would_at_the_call_site(tracker: MLflowTracker) -> None:
     mem = InMemoryTracker()
     with AppRun("r", [tracker, mem], flush_interval=3600, retry=FAST_RETRY) as run:
         with pytest.raises(ValueError, match=r"metadata key 'kkkk.*300 characters"):
@@ -269,6 +267,18 @@ def test_without_metadata_params_only_tag_limits_apply(
         run.add_metadata(notes="n" * 7000)
     assert tracker.metadata("r") == {"notes": "n" * 7000}
     assert tracker.get_run("r").data.params == {}
+
+
+async def test_metadata_too_long_for_a_param_reaching_write_batch_keeps_its_tag(
+    tracking_uri: str, experiment_name: str
+) -> None:
+    # Not through validate (a spool replayed into MLflow, say): the tag holds the value, the
+    # param is left out, and nothing is refused.
+    backend = AsyncMLflowTracker(experiment_name, tracking_uri)
+    await backend.write_batch("r", Batch(0, metadata={"notes": "n" * 7000, "lr": 0.1}))
+    assert await backend.metadata("r") == {"notes": "n" * 7000, "lr": 0.1}
+    assert (await backend.get_run("r")).data.params == {"lr": "0.1"}
+    await backend.aclose()
 
 
 # -- run status ------------------------------------------------------------------------------------
