@@ -78,4 +78,5 @@ def test_mlflow_example(isolated: Path) -> None:
     assert abs(last - 2.5 * 0.998**300) < 1e-4
     assert "metadata: {'dataset': 'synthetic', 'seed': 0}" in out
     assert "artifacts: ['checkpoint']" in out
+    assert "uploaded: ['checkpoint/step-299.pt']" in out  # the local file, in MLflow
     assert "'optimizer.lr': '0.0003'" in out  # the nested config, flattened into params
