@@ -84,6 +84,12 @@ class AsyncTrackerLogger(Logger):
         return self._handle.get()
 
     @property
+    def run_id(self) -> str | None:
+        """The run's id once it is open (or given); opens nothing, also after ``finalize``."""
+        run = self._handle.current
+        return None if run is None else run.id
+
+    @property
     def name(self) -> str:
         """The project: Lightning's checkpoints go to ``<root>/<name>/<version>/``."""
         return self._handle.project
