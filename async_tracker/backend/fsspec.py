@@ -3,30 +3,41 @@
 Layout under ``root_dir`` (torchx's ``FsspecTracker`` and ``torchx tracker list`` read it)::
 
     <base32(run_id)>/
-        metadata/<name>           {"metadata": {...}}            see "Metadata" below
-        artifacts/<base32(name)>  {"name": .., "path": .., "metadata": ..}, one per artifact
-        sources/<base32(src)>     artifact names, one per line ("" for none), no repeats
-        descendants/<base32(id)>  the same, written into the parent's directory
-        metrics/<name>.jsonl      new (torchx ignores it): immutable segments, one per flush
-        .tmp/                     staging for atomic renames on filesystems that have them
+        metadata/<time>-<tag>-<n>-<digest(key)> {"metadata": {key: value}}, one per key write
+        artifacts/<base32(name)>                {"name": .., "path": .., "metadata": ..}
+        sources/<base32(src)>                   artifact names, one a line ("" for none)
+        parents/<base32(src)>.<digest(art)>     new: one file per lineage edge (its artifact)
+        descendants/<base32(id)>.<digest(art)>  the same edge, in the source's directory
+        metrics/<name>.jsonl                    new (torchx ignores it): immutable segments
+        .tmp/                                   staging for atomic renames, where there are
 
-File names start with the wall-clock time in nanoseconds, then a token unique to the process
-(hosts and forks included) and a counter, so names never collide and sort into write order.
-A batch that has a ``key`` (fixed when it was cut, before its write-ahead line) names its files
-after it: ``metadata/<key>`` and ``metrics/<key>-<digest of the segment>.jsonl``, so that a
-retry, or a replay by another process after a crash, overwrites instead of duplicating (the
-digest keeps apart the parts of a batch the lane split to find a record the store refused).
-A batch without a key gets new names at its first attempt and keeps them for its retries
-(``Batch.names``).
+Names of metadata and metric files start with the wall-clock time in nanoseconds, then a tag
+unique to the process (hosts and forks included) and a counter, so they never collide and
+sort into write order. A batch that has a ``key`` (fixed when it was cut, before its
+write-ahead line) uses it as the tag: ``metadata/<key>-<n>-<digest>`` and
+``metrics/<key>-<digest of the segment>.jsonl``, so that a retry, or a replay by another
+process after a crash, overwrites instead of duplicating. A batch without a key gets a tag at
+its first attempt and keeps it for its retries (``Batch.names``).
+
+Metadata, many processes. Each key written gets a file of its own, named by the time the
+batch was cut, and a writer never rewrites what it wrote before: readers merge files by that
+time, so the last write of each key wins across processes. torchx's reader merges files in
+listing order (hash order on local disks), so after each write the writer lists the directory
+and removes every key file that a newer file of the same key supersedes. Whichever of two
+writers lists last sees both files, so once writers are done one file per key is left, the
+newest, and torchx's reader sees what ours does (no lock, no read-modify-write).
+
+Lineage. Each edge is a file named after the edge (source, digest of the artifact name), in
+the run's ``parents/`` and in the source's ``descendants/``: written whole, never read and
+rewritten, so concurrent writers never lose one. ``sources/<base32(src)>`` is also kept for
+torchx's reader (read, merged, rewritten); our readers take the union of all three.
+
+Reads sort by name and skip what they cannot parse (a foreign file, a truncated line, JSON
+nested too deep, a step that is not an integer, a file where a directory should be) with one
+warning per read naming the files.
 
 Errors: every failure leaves as one :class:`~async_tracker.errors.BackendError` naming the
 file, mapped by :func:`map_error` from what fsspec, s3fs, botocore or the OS raised.
-
-Metadata: torchx's reader merges metadata files in directory-listing order, which on local
-disks is hash order, not write order. So each process writes its whole merged metadata in
-every flush and then removes the file of its previous flush: one file per process, and
-whatever order a reader takes, a process's last write wins. Our reader sorts by name, so
-across processes the later write wins too.
 
 Metric segments are JSON Lines with one line per metric name, columns of steps, values and
 timestamps: ``{"name": "loss", "step": [...], "value": [...], "time": [...]}``. Columns let
@@ -38,6 +49,7 @@ from __future__ import annotations
 import asyncio
 import binascii
 import contextlib
+import functools
 import hashlib
 import itertools
 import json
@@ -45,18 +57,20 @@ import logging
 import operator
 import os
 import posixpath
+import re
 import secrets
 import sys
 import threading
 import time
 from base64 import b32decode, b32encode
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, TypeVar
 
 import fsspec
+import fsspec.core
 from fsspec.implementations.local import LocalFileSystem
 
-from async_tracker.adapters import SyncTracker, Threads
+from async_tracker.adapters import SyncTracker
 from async_tracker.backend.errors import (
     chain,
     errno_error,
@@ -65,7 +79,7 @@ from async_tracker.backend.errors import (
     is_network_failure,
     map_group,
 )
-from async_tracker.base import AsyncTrackerBase
+from async_tracker.base import AsyncTrackerBase, Checked, CloseReason
 from async_tracker.errors import (
     BackendError,
     PermanentBackendError,
@@ -81,7 +95,7 @@ from async_tracker.records import (
     TrackerSource,
     sort_points,
 )
-from async_tracker.settings import DEFAULT_THREADS_PER_BACKEND
+from async_tracker.threads import run_blocking
 
 if sys.version_info < (3, 11):  # pragma: no cover - 3.10
     from exceptiongroup import BaseExceptionGroup
@@ -89,15 +103,39 @@ if sys.version_info < (3, 11):  # pragma: no cover - 3.10
 logger = logging.getLogger(__name__)
 
 _NAME = operator.itemgetter(0)
+_STEP_TIME = operator.itemgetter(2, 3)
+# Builds a TrackerMetric from a 4-tuple without its Python __new__ (a C call per point).
+_METRIC = itertools.repeat(TrackerMetric)
 
 T = TypeVar("T")
 
 METADATA_DIR = "metadata"
 ARTIFACTS_DIR = "artifacts"
 SOURCES_DIR = "sources"
+PARENTS_DIR = "parents"
 DESCENDANTS_DIR = "descendants"
 METRICS_DIR = "metrics"
 TMP_DIR = ".tmp"
+# What makes a directory a run's: any record the run wrote itself. A directory holding only
+# ``descendants/`` is the other end of an edge (a data set, a parent in another store).
+RUN_PARTS = frozenset({METADATA_DIR, ARTIFACTS_DIR, SOURCES_DIR, PARENTS_DIR, METRICS_DIR})
+
+# One path component on common local filesystems (ext4, xfs, apfs, NTFS). Enforced on every
+# filesystem: a store is copied between disks and buckets, and torchx reads both.
+MAX_FILE_NAME_BYTES = 255
+DIGEST_CHARS = 16  # 64 bits of sha256: a collision among one run's keys is not a concern
+# A metadata file of ours: "<19-digit time>-<tag>-<position>-<digest of the key>".
+_KEY_FILE = re.compile(r"\d{19}-.+-([0-9a-f]{16})")
+_DIGEST = re.compile(r"[0-9a-f]{16}")
+_LEADING_DIGITS = re.compile(r"\d+")
+# At most this many reads (or removals) of one call in flight at once.
+MAX_CONCURRENT_FILES = 32
+
+# What a read skips a file for: what json.loads and the checks below raise on a foreign,
+# corrupt or truncated file (RecursionError: nested too deep; OverflowError: a huge number).
+_UNPARSEABLE = (
+    ValueError, TypeError, KeyError, AttributeError, IndexError, RecursionError, OverflowError,
+)  # fmt: skip
 
 
 def encode_run_id(run_id: str) -> str:
@@ -254,12 +292,12 @@ class _Storage:
     behind the process-wide limiter. Either way the tracker loop itself never blocks on I/O.
     """
 
-    def __init__(self, fs: fsspec.AbstractFileSystem) -> None:
+    def __init__(self, fs: fsspec.AbstractFileSystem, endpoint: str) -> None:
         self.fs = fs
         self.is_async = bool(getattr(fs, "async_impl", False)) and not getattr(
             fs, "asynchronous", False
         )
-        self._threads = Threads(DEFAULT_THREADS_PER_BACKEND)
+        self.endpoint = endpoint  # whose limit its worker threads count against
         # Only filesystems with an atomic rename stage files; an object store PUT is atomic.
         self.stages = isinstance(fs, LocalFileSystem)
 
@@ -268,14 +306,35 @@ class _Storage:
             coro = getattr(self.fs, "_" + name)(*args, **kwargs)
             future = asyncio.run_coroutine_threadsafe(coro, self.fs.loop)
             return await asyncio.wrap_future(future)
-        return await self._threads.run(getattr(self.fs, name), *args, **kwargs)
+        call = functools.partial(getattr(self.fs, name), *args, **kwargs)
+        return await run_blocking(call, endpoint=self.endpoint)
 
     async def put(self, path: str, data: bytes, stage_dir: str) -> None:
+        await self.put_many({path: data}, stage_dir)
+
+    async def put_many(self, files: Mapping[str, bytes], stage_dir: str) -> None:
+        """Writes each of ``files`` (path: content). A failure names the file it was about,
+        once every write has ended (none is left running behind the error)."""
+        if not files:
+            return
+        if self.is_async:
+            await _gather_bounded([self._pipe(path, data) for path, data in files.items()])
+        else:
+            # One worker-thread call for them all: the thread hop costs more than a small
+            # local write.
+            await run_blocking(self._put_many_sync, files, stage_dir, endpoint=self.endpoint)
+
+    async def _pipe(self, path: str, data: bytes) -> None:
         with _mapped(f"write of {path}"):
-            if self.stages:
-                await self._threads.run(self._put_staged, path, data, stage_dir)
-            else:
-                await self._call("pipe_file", path, data)
+            await self._call("pipe_file", path, data)
+
+    def _put_many_sync(self, files: Mapping[str, bytes], stage_dir: str) -> None:
+        for path, data in files.items():
+            with _mapped(f"write of {path}"):
+                if self.stages:
+                    self._put_staged(path, data, stage_dir)
+                else:
+                    self.fs.pipe_file(path, data)
 
     def _put_staged(self, path: str, data: bytes, stage_dir: str) -> None:
         self.fs.makedirs(stage_dir, exist_ok=True)
@@ -300,16 +359,40 @@ class _Storage:
                 return None
 
     async def ls(self, path: str) -> list[tuple[str, str]]:
-        """``(basename, type)`` of each entry, sorted by name; [] for a missing directory.
-        The listing cache is dropped first: other processes write here too."""
+        """``(basename, type)`` of each entry, sorted by name; [] for a missing directory;
+        :class:`NotADirectory` for a file. The listing cache is dropped first: other
+        processes write here too."""
         with _mapped(f"listing of {path}"):
             self.fs.invalidate_cache(path)
             try:
                 entries = await self._call("ls", path, detail=True)
             except FileNotFoundError:
                 return []
+            except NotADirectoryError as exc:
+                raise NotADirectory(path) from exc
+        # fsspec lists a file as itself (local, memory and s3 alike).
+        if (
+            len(entries) == 1
+            and entries[0].get("type") == "file"
+            and entries[0]["name"].rstrip("/") == path.rstrip("/")
+        ):
+            raise NotADirectory(path)
         out = [(posixpath.basename(e["name"].rstrip("/")), e.get("type", "file")) for e in entries]
         return sorted(out)
+
+    async def rm_many(self, paths: Sequence[str]) -> None:
+        """Removes ``paths``; one already gone (another writer removed it) is no error."""
+        if not paths:
+            return
+        if not self.is_async:
+            await run_blocking(self._rm_many_sync, paths, endpoint=self.endpoint)
+            return
+        await _gather_bounded([self.rm(path) for path in paths])
+
+    def _rm_many_sync(self, paths: Sequence[str]) -> None:
+        for path in paths:
+            with _mapped(f"removal of {path}"), contextlib.suppress(FileNotFoundError):
+                self.fs.rm_file(path)
 
     async def rm(self, path: str) -> None:
         with _mapped(f"removal of {path}"):
@@ -323,12 +406,34 @@ class _Storage:
             return bool(await self._call("exists", path))
 
 
+class NotADirectory(Exception):
+    """A file where the layout has a directory (a corrupt or foreign store)."""
+
+
+async def _gather_bounded(awaitables: Sequence[Awaitable[T]]) -> list[T]:
+    """The results of ``awaitables``, at most :data:`MAX_CONCURRENT_FILES` in flight: reads
+    of a run's files overlap (one round trip each on object stores), without opening
+    hundreds of connections at once. Every one ends before an error is raised."""
+    semaphore = asyncio.Semaphore(MAX_CONCURRENT_FILES)
+
+    async def one(aw: Awaitable[T]) -> T:
+        async with semaphore:
+            return await aw
+
+    results = await asyncio.gather(*(one(aw) for aw in awaitables), return_exceptions=True)
+    for result in results:
+        if isinstance(result, BaseException):
+            raise result
+    return results  # type: ignore[return-value]
+
+
 class AsyncFsspecTracker(AsyncTrackerBase):
     """Runs stored under ``root_dir`` of an fsspec filesystem, in torchx's layout.
 
-    ``write_batch`` writes one metadata file, one file per distinct artifact, the source and
-    descendant files, and one metrics segment per flush. Reads sort by name and skip, with one
-    warning per read, files they cannot parse.
+    ``write_batch`` writes one file per metadata key, one file per distinct artifact, the
+    lineage files, and one metrics segment per flush. Many processes may write one run at
+    once: the last write of a metadata key wins, and no lineage edge is lost. Reads sort by
+    name and skip, with one warning per read naming them, files they cannot parse.
     """
 
     name = "fsspec"
@@ -336,10 +441,7 @@ class AsyncFsspecTracker(AsyncTrackerBase):
     def __init__(self, fs: fsspec.AbstractFileSystem, root_dir: str) -> None:
         self.fs = fs
         self.root_dir = fs._strip_protocol(root_dir).rstrip("/") or "/"
-        self._storage = _Storage(fs)
-        # Per run: (pid, merged metadata, name of our last metadata file). The pid makes a
-        # forked child start afresh instead of removing its parent's file.
-        self._metadata_state: dict[str, tuple[int, dict[str, object], str | None]] = {}
+        self._storage = _Storage(fs, fs.unstrip_protocol(self.root_dir))
 
     def _run_dir(self, run_id: str) -> str:
         return posixpath.join(self.root_dir, encode_run_id(run_id))
@@ -350,6 +452,38 @@ class AsyncFsspecTracker(AsyncTrackerBase):
     async def _put_json(self, run_id: str, path: str, content: object) -> None:
         await self._storage.put(path, _encode_json(content, path), self._path(run_id, TMP_DIR))
 
+    # -- the contract -------------------------------------------------------------------------
+    def validate(self, record: Checked) -> None:
+        """Refuses, naming it, what this layout cannot store: names that make no file name
+        (no UTF-8 form, or a base32 name over 255 bytes) and artifact names of lineage edges
+        that would not read back (line breaks, surrounding blanks: lines are stripped, by
+        torchx's reader too). Metadata keys, values and metric names are only ever inside
+        JSON files, which hold whatever the generic checks let through."""
+        if isinstance(record, TrackerArtifact):
+            _check_file_name(record.name, f"artifact {record.name!r}", 0)
+        elif isinstance(record, TrackerSource):
+            what = f"source {record.source_run_id!r}"
+            _check_file_name(record.source_run_id, what, 1 + DIGEST_CHARS)
+            art = record.artifact_name
+            if art:
+                if not _utf8(art):
+                    raise ValueError(f"{what}: artifact_name {art!r} holds a lone surrogate")
+                if "\n" in art or "\r" in art or art != art.strip():
+                    raise ValueError(
+                        f"{what}: artifact_name {art!r} has a line break or surrounding "
+                        "blanks, which the sources file cannot keep"
+                    )
+
+    def map_error(self, exc: BaseException) -> BaseException:
+        """See :func:`map_error` (writes already raise mapped errors naming their file; this
+        maps whatever else escapes, such as an exception group from a library)."""
+        return map_error(exc, "call")
+
+    async def aclose(self, reason: CloseReason = "finished") -> None:
+        """Nothing to release, whatever the ``reason``: every write is complete when it
+        returns (no open file, no buffered part), and the filesystem is not ours to close
+        (fsspec caches and shares its instances across the process)."""
+
     # -- writes ---------------------------------------------------------------------------------
     async def write_batch(self, run_id: str, batch: Batch) -> None:
         """Writes the parts of ``batch`` not yet done. Any failure leaves as one
@@ -359,7 +493,8 @@ class AsyncFsspecTracker(AsyncTrackerBase):
 
     async def _write_batch(self, run_id: str, batch: Batch) -> None:
         if batch.metadata and "metadata" not in batch.done:
-            await self._write_metadata(run_id, batch.metadata, batch.names, batch.key)
+            tag = batch.key or batch.names.setdefault("metadata", _names.new())
+            await self._write_metadata(run_id, batch.metadata, tag)
             batch.done.add("metadata")
         for art in batch.artifacts.values():
             part = f"artifact:{art.name}"
@@ -375,44 +510,38 @@ class AsyncFsspecTracker(AsyncTrackerBase):
             await self._write_segment(run_id, batch.metrics, batch.names, batch.key)
             batch.done.add("metrics")
 
-    async def _write_metadata(
-        self, run_id: str, metadata: Mapping[str, object], names: dict[str, str], key: str = ""
-    ) -> None:
-        pid = os.getpid()
-        state = self._metadata_state.get(run_id)
-        fresh = state is None or state[0] != pid
-        if state is None or fresh:
-            state = (pid, {}, None)
-        _, merged, previous = state
-        merged = {**merged, **metadata}
-        name = key or names.setdefault("metadata", _names.new())
-        path = self._path(run_id, METADATA_DIR, name)
-        if fresh and key:
-            # A file already under this batch's key was written by an earlier attempt at
-            # this batch: a replay after a crash, by a process that has no metadata state
-            # yet. That attempt's file held all its process had written before, and removed
-            # since: keep it, under this batch's values.
-            merged = {**await self._earlier_metadata(path), **merged}
-        await self._put_json(run_id, path, {"metadata": merged})
-        self._metadata_state[run_id] = (pid, merged, name)
-        if previous is not None and previous != name:
-            # Superseded by the file just written, which holds all it held.
-            await self._storage.rm(self._path(run_id, METADATA_DIR, previous))
+    async def _write_metadata(self, run_id: str, metadata: Mapping[str, object], tag: str) -> None:
+        """One file per key, named ``<tag>-<position>-<digest of the key>``: the tag starts
+        with the time the batch was cut, which orders the writes of a key across processes."""
+        directory = self._path(run_id, METADATA_DIR)
+        files: dict[str, bytes] = {}
+        # The position in the name keeps the keys of one call in call order for readers.
+        for position, (key, value) in enumerate(metadata.items()):
+            path = posixpath.join(directory, f"{tag}-{position:06d}-{_digest(key)}")
+            files[path] = _encode_json({"metadata": {key: value}}, path)
+        await self._storage.put_many(files, self._path(run_id, TMP_DIR))
+        await self._remove_superseded(directory)
 
-    async def _earlier_metadata(self, path: str) -> dict[str, object]:
-        try:
-            data = await self._storage.get(path)
-        except TransientBackendError:
-            raise
-        except PermanentBackendError as exc:  # a store that lets us write but not read
-            logger.debug("async_tracker: cannot read %s before replacing it: %s", path, exc)
-            return {}
-        if data is None:
-            return {}
-        try:
-            return _as_dict(json.loads(data)["metadata"])
-        except (ValueError, TypeError, KeyError, UnicodeError):
-            return {}
+    async def _remove_superseded(self, directory: str) -> None:
+        """Removes each key file that a newer file of the same key supersedes.
+
+        Why this converges without a lock: a writer lists only after its own file is in
+        place, so of two writers of a key, whichever lists last sees both files, and removes
+        the older (its own, or the other's). A file is removed only when a newer one of its
+        key was seen, so the newest is never removed. Removing a file already gone is fine.
+        """
+        newest: dict[str, str] = {}
+        stale: list[str] = []
+        # Sorted by name, and within one key's files the name orders by time, then tag.
+        for name, kind in await self._storage.ls(directory):
+            match = _KEY_FILE.fullmatch(name)
+            if kind != "file" or match is None:
+                continue  # torchx's files and older layouts hold several keys: kept
+            older = newest.get(match[1])
+            if older is not None:
+                stale.append(posixpath.join(directory, older))
+            newest[match[1]] = name
+        await self._storage.rm_many(stale)
 
     async def _write_segment(
         self, run_id: str, metrics: Sequence[TrackerMetric], names: dict[str, str], key: str = ""
@@ -442,7 +571,7 @@ class AsyncFsspecTracker(AsyncTrackerBase):
         )
 
     async def add_metadata(self, run_id: str, **kwargs: object) -> None:
-        await self._write_metadata(run_id, kwargs, {})
+        await self._write_metadata(run_id, kwargs, _names.new())
 
     async def add_artifact(
         self, run_id: str, name: str, path: str, metadata: Mapping[str, object] | None = None
@@ -457,9 +586,39 @@ class AsyncFsspecTracker(AsyncTrackerBase):
         content = {"name": name, "path": path, "metadata": dict(metadata) if metadata else metadata}
         await self._put_json(run_id, file, content)
 
-    async def _add_line(self, run_id: str, path: str, line: str) -> None:
-        """Adds ``line`` to a small text file unless present (read, then one atomic write)."""
+    async def add_source(
+        self, run_id: str, source_id: str, artifact_name: str | None = None
+    ) -> None:
+        """Stores the edge as its own file on both ends (``parents/`` of the run,
+        ``descendants/`` of the source): nothing to read first, nothing another writer can
+        overwrite. torchx's ``sources/`` file is written first, for torchx's reader and for
+        ``run_ids(parent_run_id=...)``, which looks for it."""
+        line = artifact_name or ""
+        try:
+            data = (line + "\n").encode("utf-8")
+            edge = f"{encode_run_id(source_id)}.{_digest(line)}"
+            back = f"{encode_run_id(run_id)}.{_digest(line)}"
+        except UnicodeEncodeError as exc:  # a lone surrogate: no UTF-8 name or line for it
+            raise RecordError(
+                f"fsspec cannot store source {source_id!r} (artifact {artifact_name!r}) of run "
+                f"{run_id!r}: {exc}"
+            ) from exc
+        await self._add_torchx_source(run_id, source_id, line)
+        await self._storage.put(
+            self._path(run_id, PARENTS_DIR, edge), data, self._path(run_id, TMP_DIR)
+        )
+        await self._storage.put(
+            self._path(source_id, DESCENDANTS_DIR, back), data, self._path(source_id, TMP_DIR)
+        )
+
+    async def _add_torchx_source(self, run_id: str, source_id: str, line: str) -> None:
+        """Adds ``line`` to torchx's ``sources/<base32(source)>`` unless present. A read then
+        a write: two processes adding different artifact names of one source at the same
+        moment may leave one name out of this file (the file itself is always there), so
+        our readers take edges from ``parents/`` too."""
+        path = self._path(run_id, SOURCES_DIR, encode_run_id(source_id))
         old = await self._storage.get(path)
+        # surrogateescape: bytes of a foreign file that are not UTF-8 are kept as they were.
         lines = old.decode("utf-8", errors="surrogateescape").split("\n")[:-1] if old else []
         if line in lines:
             return
@@ -467,172 +626,309 @@ class AsyncFsspecTracker(AsyncTrackerBase):
         data = ("\n".join(lines) + "\n").encode("utf-8", errors="surrogateescape")
         await self._storage.put(path, data, self._path(run_id, TMP_DIR))
 
-    async def add_source(
-        self, run_id: str, source_id: str, artifact_name: str | None = None
-    ) -> None:
-        line = artifact_name or ""
-        try:
-            line.encode("utf-8")
-            source_file = encode_run_id(source_id)
-        except UnicodeEncodeError as exc:  # a lone surrogate: no UTF-8 name or line for it
-            raise RecordError(
-                f"fsspec cannot store source {source_id!r} (artifact {artifact_name!r}) of run "
-                f"{run_id!r}: {exc}"
-            ) from exc
-        await self._add_line(run_id, self._path(run_id, SOURCES_DIR, source_file), line)
-        await self._add_line(
-            source_id, self._path(source_id, DESCENDANTS_DIR, encode_run_id(run_id)), line
-        )
-
     async def add_metrics(self, run_id: str, metrics: Sequence[TrackerMetric]) -> None:
         await self._write_segment(run_id, metrics, {})
 
     # -- reads ----------------------------------------------------------------------------------
-    async def _read_dir(
-        self, directory: str, parse: Callable[[str, bytes], T], skipped: list[str]
-    ) -> list[T]:
-        out: list[T] = []
-        for name, kind in await self._storage.ls(directory):
-            if kind != "file":
-                skipped.append(posixpath.join(directory, name))
-                continue
-            data = await self._storage.get(posixpath.join(directory, name))
-            if data is None:  # removed since listed (a superseded metadata file)
-                continue
-            try:
-                out.append(parse(name, data))
-            except (ValueError, TypeError, KeyError, AttributeError, UnicodeError):
-                skipped.append(posixpath.join(directory, name))
-        return out
+    async def _read_files(
+        self, directory: str, skipped: _Skipped
+    ) -> tuple[list[tuple[str, bytes]], bool]:
+        """``(name, content)`` of the files in ``directory``, sorted by name, and whether
+        one listed was gone when read (removed by a writer meanwhile)."""
+        try:
+            listing = await self._storage.ls(directory)
+        except NotADirectory:
+            skipped.add(directory, "a file where a directory should be")
+            return [], False
+        names: list[str] = []
+        for name, kind in listing:
+            if kind == "file":
+                names.append(name)
+            else:
+                skipped.add(posixpath.join(directory, name), "a directory where files are kept")
+        contents = await _gather_bounded(
+            [self._storage.get(posixpath.join(directory, n)) for n in names]
+        )
+        files = [(n, c) for n, c in zip(names, contents) if c is not None]
+        return files, len(files) < len(names)
 
-    @staticmethod
-    def _warn(skipped: list[str]) -> None:
-        if skipped:
-            logger.warning(
-                "async_tracker: skipped %d entries that are not tracker records: %s",
-                len(skipped), ", ".join(skipped[:5]) + (" ..." if len(skipped) > 5 else ""),
-            )
+    async def _parsed(
+        self, directory: str, parse: Callable[[str, bytes], T], skipped: _Skipped
+    ) -> list[tuple[str, T]]:
+        files, _ = await self._read_files(directory, skipped)
+        return _parse_each(directory, files, parse, skipped)
 
     async def metadata(self, run_id: str) -> Mapping[str, object]:
-        skipped: list[str] = []
-        entries = await self._read_dir(
-            self._path(run_id, METADATA_DIR), lambda _, d: _as_dict(json.loads(d)["metadata"]),
-            skipped,
-        )
-        self._warn(skipped)
+        directory = self._path(run_id, METADATA_DIR)
+        for _ in range(3):
+            skipped = _Skipped()
+            files, vanished = await self._read_files(directory, skipped)
+            # A file gone between listing and reading was superseded by a newer file of its
+            # key, which the listing may not have shown yet: list again.
+            if not vanished:
+                break
+        entries = _parse_each(directory, files, _parse_metadata, skipped)
+        skipped.warn()
+        # By time, then name: for our files the time the batch was cut, for torchx's (named
+        # by their time) and older layouts the time of the write.
+        entries.sort(key=lambda entry: _write_order(entry[0]))
         merged: dict[str, object] = {}
-        for entry in entries:
-            merged.update(entry)
+        for _, values in entries:
+            merged.update(values)
         return merged
 
     async def artifacts(self, run_id: str) -> Mapping[str, TrackerArtifact]:
-        skipped: list[str] = []
-        entries = await self._read_dir(
+        skipped = _Skipped()
+        entries = await self._parsed(
             self._path(run_id, ARTIFACTS_DIR), lambda _, d: _parse_artifact(d), skipped
         )
-        self._warn(skipped)
-        return {a.name: a for a in entries}
+        skipped.warn()
+        return {a.name: a for _, a in entries}
 
-    async def _edges(self, run_id: str, category: str) -> list[TrackerSource]:
-        skipped: list[str] = []
-
-        def parse(name: str, data: bytes) -> list[TrackerSource]:
-            other = decode_run_id(name)
-            if other is None:
-                raise ValueError(name)
-            lines = data.decode("utf-8").splitlines()
-            names = list(dict.fromkeys(line.strip() for line in lines))
-            if not names:
-                names = [""]
-            return [TrackerSource(other, n or None) for n in names]
-
-        groups = await self._read_dir(self._path(run_id, category), parse, skipped)
-        self._warn(skipped)
-        return [s for g in groups for s in g]
+    async def _edges(
+        self, run_id: str, categories: Sequence[str], skipped: _Skipped
+    ) -> list[TrackerSource]:
+        """The edges in the files of ``categories`` (each file: a run id in its name, artifact
+        names in its lines), each edge once, in the order first found."""
+        groups = await asyncio.gather(
+            *(self._parsed(self._path(run_id, c), _parse_edges, skipped) for c in categories)
+        )
+        seen: dict[tuple[str, str | None], TrackerSource] = {}
+        for group in groups:
+            for _, edges in group:
+                for edge in edges:
+                    seen.setdefault((edge.source_run_id, edge.artifact_name), edge)
+        return list(seen.values())
 
     async def sources(
         self, run_id: str, artifact_name: str | None = None
     ) -> Iterable[TrackerSource]:
-        edges = await self._edges(run_id, SOURCES_DIR)
+        skipped = _Skipped()
+        edges = await self._edges(run_id, (SOURCES_DIR, PARENTS_DIR), skipped)
+        skipped.warn()
         if artifact_name is None:
             return edges
         return [s for s in edges if s.artifact_name == artifact_name]
 
     async def lineage(self, run_id: str) -> Lineage:
-        return Lineage(
-            run_id,
-            parents=await self._edges(run_id, SOURCES_DIR),
-            descendants=await self._edges(run_id, DESCENDANTS_DIR),
-        )
+        skipped = _Skipped()
+        parents = await self._edges(run_id, (SOURCES_DIR, PARENTS_DIR), skipped)
+        descendants = await self._edges(run_id, (DESCENDANTS_DIR,), skipped)
+        skipped.warn()
+        return Lineage(run_id, parents=parents, descendants=descendants)
 
     async def run_ids(self, **kwargs: str) -> Iterable[str]:
+        """The runs under the root: directories named by base32 of a run id that hold a
+        record the run wrote (not a directory holding only the descendants of a source)."""
         parent = kwargs.get("parent_run_id")
-        ids: list[str] = []
-        foreign: list[str] = []
-        for name, kind in await self._storage.ls(self.root_dir):
-            run_id = decode_run_id(name) if kind == "directory" else None
+        skipped = _Skipped()
+        try:
+            listing = await self._storage.ls(self.root_dir)
+        except NotADirectory:
+            skipped.add(self.root_dir, "a file where the store's directory should be")
+            listing = []
+        candidates: list[tuple[str, str]] = []
+        for name, kind in listing:
+            run_id = decode_run_id(name)
             if run_id is None:
-                foreign.append(name)
-                continue
-            if parent is not None and not await self._storage.exists(
-                self._path(run_id, SOURCES_DIR, encode_run_id(parent))
-            ):
-                continue
-            ids.append(run_id)
-        self._warn(foreign)
-        return ids
+                skipped.add(posixpath.join(self.root_dir, name), "not a run: no base32 name")
+            elif kind != "directory":
+                skipped.add(posixpath.join(self.root_dir, name), "a file, not a run directory")
+            else:
+                candidates.append((name, run_id))
+        listings = await _gather_bounded(
+            [self._listing_or_none(posixpath.join(self.root_dir, n)) for n, _ in candidates]
+        )
+        ids = [
+            run_id
+            for (_, run_id), entries in zip(candidates, listings)
+            if entries is not None and not RUN_PARTS.isdisjoint(name for name, _ in entries)
+        ]
+        skipped.warn()
+        if parent is None:
+            return ids
+        parent_file = encode_run_id(parent)
+        found = await _gather_bounded(
+            [self._storage.exists(self._path(i, SOURCES_DIR, parent_file)) for i in ids]
+        )
+        return [i for i, yes in zip(ids, found) if yes]
+
+    async def _listing_or_none(self, path: str) -> list[tuple[str, str]] | None:
+        try:
+            return await self._storage.ls(path)
+        except NotADirectory:  # listed as a directory, a file now: not a run
+            return None
 
     async def metrics(self, run_id: str) -> Mapping[str, Sequence[TrackerMetric]]:
-        skipped: list[str] = []
-        segments = await self._read_dir(
-            self._path(run_id, METRICS_DIR), lambda _, d: _parse_segment(d), skipped
-        )
-        self._warn(skipped)
+        skipped = _Skipped()
+        directory = self._path(run_id, METRICS_DIR)
+        files, _ = await self._read_files(directory, skipped)
         # Keyed by (step, client timestamp): a point written twice (a retry whose first try
         # reached the store after all) is one point.
         points: dict[str, dict[tuple[int, float], TrackerMetric]] = {}
-        for segment in segments:
-            for name, seg_points in segment.items():
-                store = points.setdefault(name, {})
-                for p in seg_points:
-                    store[(p.step, p.timestamp)] = p
+        for name, data in files:
+            segment, bad = _parse_segment(data)
+            if bad:
+                skipped.add(posixpath.join(directory, name), bad)
+            for metric, seg_points in segment.items():
+                points.setdefault(metric, {}).update(zip(map(_STEP_TIME, seg_points), seg_points))
+        skipped.warn()
         return {name: sort_points(list(p.values())) for name, p in points.items()}
 
     def __repr__(self) -> str:
         return f"AsyncFsspecTracker({type(self.fs).__name__}, {self.root_dir!r})"
 
 
-def _as_dict(value: object) -> dict[str, object]:
-    if not isinstance(value, dict):
-        raise TypeError("metadata file does not hold a mapping")
-    return value
+# -- names and parsing ---------------------------------------------------------------------------
+
+
+def _digest(text: str) -> str:
+    # surrogatepass: a key with a lone surrogate still gets a name (JSON escapes the key).
+    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:DIGEST_CHARS]
+
+
+def _utf8(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _check_file_name(name: str, what: str, suffix_bytes: int) -> None:
+    """ValueError naming ``what`` unless base32 of ``name`` plus a suffix makes a file name."""
+    if not _utf8(name):
+        raise ValueError(f"{what}: the name holds a lone surrogate, which no file name can hold")
+    size = len(name.encode("utf-8"))
+    longest = (MAX_FILE_NAME_BYTES - suffix_bytes) // 8 * 5
+    if size > longest:
+        raise ValueError(
+            f"{what}: the name is {size} bytes in UTF-8; the fsspec store names a file after "
+            f"it, which holds at most {longest} bytes"
+        )
+
+
+def _write_order(name: str) -> tuple[int, str]:
+    """How metadata files order: by the time leading their name, then by name."""
+    match = _LEADING_DIGITS.match(name)
+    return (int(match[0]) if match else -1, name)
+
+
+class _Skipped:
+    """What one read skipped, told in one warning naming the files."""
+
+    SHOWN = 5
+
+    def __init__(self) -> None:
+        self.entries: list[str] = []
+
+    def add(self, path: str, why: object) -> None:
+        if isinstance(why, BaseException):
+            why = f"{type(why).__name__}: {why}"
+        text = str(why)
+        self.entries.append(f"{path} ({text[:120]}{'...' if len(text) > 120 else ''})")
+
+    def warn(self) -> None:
+        if not self.entries:
+            return
+        shown = self.entries[: self.SHOWN]
+        more = len(self.entries) - len(shown)
+        logger.warning(
+            "async_tracker: skipped what is not a tracker record: %s%s",
+            "; ".join(shown),
+            f"; and {more} more" if more else "",
+        )
+
+
+def _parse_each(
+    directory: str,
+    files: Iterable[tuple[str, bytes]],
+    parse: Callable[[str, bytes], T],
+    skipped: _Skipped,
+) -> list[tuple[str, T]]:
+    out: list[tuple[str, T]] = []
+    for name, data in files:
+        try:
+            out.append((name, parse(name, data)))
+        except _UNPARSEABLE as exc:
+            skipped.add(posixpath.join(directory, name), exc)
+    return out
+
+
+def _parse_metadata(_: str, data: bytes) -> dict[str, object]:
+    entry = json.loads(data)
+    values = entry["metadata"] if isinstance(entry, dict) else None
+    if not isinstance(values, dict):
+        raise TypeError('not {"metadata": {...}}')
+    return values
 
 
 def _parse_artifact(data: bytes) -> TrackerArtifact:
     entry = json.loads(data)
-    meta = entry.get("metadata")
+    if not isinstance(entry, dict):
+        raise TypeError("not an artifact object")
+    name, path, meta = entry["name"], entry["path"], entry.get("metadata")
+    if not isinstance(name, str) or not isinstance(path, str):
+        raise TypeError("artifact name or path is not a string")
     if meta is not None and not isinstance(meta, dict):
         raise TypeError("artifact metadata is not a mapping")
-    return TrackerArtifact(str(entry["name"]), str(entry["path"]), meta)
+    return TrackerArtifact(name, path, meta)
 
 
-def _parse_segment(data: bytes) -> dict[str, list[TrackerMetric]]:
+def _parse_edges(name: str, data: bytes) -> list[TrackerSource]:
+    """A lineage file: ``<base32(run id)>`` (torchx's, several artifact names, one a line) or
+    ``<base32(run id)>.<digest of its artifact name>`` (ours, one edge)."""
+    encoded, dot, digest = name.partition(".")
+    if dot and not _DIGEST.fullmatch(digest):
+        raise ValueError("not a lineage file name")
+    other = decode_run_id(encoded)
+    if other is None:
+        raise ValueError("not a lineage file name: no base32 run id")
+    lines = data.decode("utf-8").split("\n")
+    if lines[-1] == "":
+        lines.pop()  # the last line's newline
+    names = list(dict.fromkeys(line.strip() for line in lines)) or [""]
+    return [TrackerSource(other, n or None) for n in names]
+
+
+_NUMBERS = frozenset({int, float})
+
+
+def _parse_segment(data: bytes) -> tuple[dict[str, list[TrackerMetric]], str]:
+    """The points of a metrics segment by name, and what was wrong with the lines skipped
+    (``""`` if none): a truncated line, columns of unequal length, a step that is not an
+    integer (NaN, infinities), a value or time that is not a number."""
     out: dict[str, list[TrackerMetric]] = {}
-    for line in data.decode("utf-8").splitlines():
+    bad: list[str] = []
+    for lineno, line in enumerate(data.split(b"\n"), 1):
         if not line.strip():
             continue
-        col = json.loads(line)
-        name = col["name"]
-        if not isinstance(name, str):
-            raise TypeError("metric name is not a string")
-        steps, values, times = col["step"], col["value"], col["time"]
-        if not len(steps) == len(values) == len(times):
-            raise ValueError("segment columns differ in length")
-        out.setdefault(name, []).extend(
-            TrackerMetric(name, float(v), int(s), float(t))
-            for s, v, t in zip(steps, values, times)
-        )
-    return out
+        try:
+            col = json.loads(line)
+            name, steps, values, times = col["name"], col["step"], col["value"], col["time"]
+            if not isinstance(name, str):
+                raise TypeError("the metric name is not a string")
+            if not (type(steps) is type(values) is type(times) is list):
+                raise TypeError("the columns are not lists")
+            if not len(steps) == len(values) == len(times):
+                raise ValueError("the columns differ in length")
+            # Type checks by C loops (map, set): a segment holds up to a million points.
+            if not set(map(type, steps)) <= {int}:
+                raise TypeError("a step is not an integer")
+            if not set(map(type, values)) <= _NUMBERS or not set(map(type, times)) <= _NUMBERS:
+                raise TypeError("a value or time is not a number")
+            points = list(
+                map(
+                    tuple.__new__,
+                    _METRIC,
+                    zip(itertools.repeat(name), map(float, values), steps, map(float, times)),
+                )
+            )
+        except _UNPARSEABLE as exc:
+            bad.append(f"line {lineno}: {type(exc).__name__}: {exc}")
+            continue
+        out.setdefault(name, []).extend(points)
+    return out, "; ".join(bad[:2]) + (f"; {len(bad) - 2} more lines" if len(bad) > 2 else "")
 
 
 class FsspecTracker(SyncTracker):
@@ -666,11 +962,26 @@ def _put_config(config: dict[str, Any], key: str, value: object, where: str) -> 
     node[parts[-1]] = value
 
 
-def _config_value(raw: str) -> object:
-    # fsspec filesystems want booleans, not the strings "true"/"false" (which are truthy).
+_INT = re.compile(r"[+-]?(0|[1-9][0-9]*)")
+# A number with a leading zero ("007", "01.5") stays text: it may be an id or a secret.
+_FLOAT = re.compile(r"[+-]?(0|[1-9][0-9]*)(\.[0-9]*)?([eE][+-]?[0-9]+)?|[+-]?\.[0-9]+")
+# Keys whose values stay text even when they look like numbers: credentials, and names.
+_TEXT_KEYS = re.compile(r"key|secret|token|password|passwd|profile|name|path|url|bucket")
+
+
+def _config_value(key: str, raw: str) -> object:
+    """``raw`` as fsspec's options want it: booleans and numbers parsed (``timeout=30``,
+    ``config_kwargs.retries.max_attempts=5``), text otherwise. Numbers with a leading zero
+    and values of credential- or name-like keys stay text: ``0123`` may be a secret."""
     low = raw.lower()
     if low in ("true", "false"):
         return low == "true"
+    if _TEXT_KEYS.search(key.rsplit(".", 1)[-1].lower()):
+        return raw
+    if _INT.fullmatch(raw):
+        return int(raw)
+    if _FLOAT.fullmatch(raw):
+        return float(raw)
     return raw
 
 
@@ -693,26 +1004,46 @@ def read_config(config_file: str) -> dict[str, Any]:
         where = f"{config_file}, line {lineno}"
         if not sep or not key.strip():
             raise TrackerConfigError(f"{where}: expected key=value")
-        _put_config(config, key.strip(), _config_value(value.strip()), where)
+        _put_config(config, key.strip(), _config_value(key.strip(), value.strip()), where)
     return config
 
 
 def create(config_file: str | None) -> FsspecTracker:
     """The ``fsspec`` factory: a tracker from torchx's config file.
 
-    The file needs ``protocol`` (``file``, ``memory``, ``s3`` ...) and ``root_path``; every
-    other key goes to ``fsspec.filesystem`` (``client_kwargs.endpoint_url=...`` nests).
+    The file names the store either by ``protocol`` (``file``, ``memory``, ``s3`` ...) and
+    ``root_path``, as torchx's does, or by one ``url`` (``s3://bucket/prefix``, resolved by
+    ``fsspec.core.url_to_fs``, chained URLs included). Every other key goes to the filesystem
+    as an option (``client_kwargs.endpoint_url=...`` nests, numbers and booleans parsed).
     """
     if not config_file:
         raise TrackerConfigError(
             "the fsspec tracker needs a config file (TORCHX_TRACKER_FSSPEC_CONFIG) "
-            "with 'protocol' and 'root_path'"
+            "with 'protocol' and 'root_path', or 'url'"
         )
     config = read_config(config_file)
+    if "url" in config:
+        if "protocol" in config or "root_path" in config:
+            raise TrackerConfigError(
+                f"tracker config {config_file!r}: give 'url', or 'protocol' and 'root_path', "
+                "not both"
+            )
+        url = str(config.pop("url"))
+        # The URL may hold credentials (user:password@host): only its scheme is shown.
+        what = f"the {url.partition('://')[0] if '://' in url else 'file'!r} filesystem"
+        try:
+            fs, root = fsspec.core.url_to_fs(url, **config)
+        except (ImportError, ValueError, TypeError) as exc:
+            raise TrackerConfigError(
+                f"tracker config {config_file!r}: cannot create {what} "
+                f"({type(exc).__name__}; options given: {sorted(config)})"
+            ) from exc
+        return FsspecTracker(fs, str(root))
     missing = [k for k in ("protocol", "root_path") if k not in config]
     if missing:
         raise TrackerConfigError(
-            f"tracker config {config_file!r} lacks {' and '.join(repr(k) for k in missing)}"
+            f"tracker config {config_file!r} lacks {' and '.join(repr(k) for k in missing)} "
+            "(or give 'url')"
         )
     protocol = config.pop("protocol")
     root = config.pop("root_path")

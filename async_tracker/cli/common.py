@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 from collections.abc import Callable, Sequence
 
@@ -69,18 +68,12 @@ def cell(value: object) -> str:
 
 def to_json(data: object, indent: int | None = 2) -> str:
     """JSON for scripts. NaN and infinities become null: strict parsers reject the bare
-    ``NaN`` and ``Infinity`` tokens Python writes."""
-    return json.dumps(_finite(data), indent=indent, default=str)
-
-
-def _finite(data: object) -> object:
-    if isinstance(data, float) and not math.isfinite(data):
-        return None
-    if isinstance(data, dict):
-        return {k: _finite(v) for k, v in data.items()}
-    if isinstance(data, (list, tuple)):
-        return [_finite(v) for v in data]
-    return data
+    ``NaN`` and ``Infinity`` tokens Python writes. Done by the C encoder and decoder, with no
+    Python recursion: a value nested as deep as a store's reader takes prints."""
+    text = json.dumps(data, default=str)
+    if "NaN" in text or "Infinity" in text:  # else nothing to replace (the common case)
+        data = json.loads(text, parse_constant=lambda _: None)
+    return json.dumps(data, indent=indent, default=str)
 
 
 Query = Callable[[TrackerBase, argparse.Namespace], "tuple[object, str]"]

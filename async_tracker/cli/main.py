@@ -8,6 +8,7 @@
     async-tracker plot RUN_ID [RUN_ID ...] [--metric NAME ...] -o FILE.png|FILE.svg
     async-tracker run [--name NAME] [--parent-run-id ID] -- COMMAND ...
     async-tracker sync [SPOOL_DIR]
+    async-tracker --version
 
 The tracker is the first one configured the torchx way (``.torchxconfig``, ``TORCHX_*``), or
 ``--tracker NAME --config CFG``; ``run`` passes on every configured one. ``--json`` prints
@@ -17,9 +18,11 @@ machine-readable output. A usage problem (unknown run id, no tracker) exits with
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import sys
 from collections.abc import Sequence
 
+import async_tracker
 from async_tracker.cli import plot, query, run, sync
 from async_tracker.cli.common import EXIT_FAILURE, EXIT_USAGE, CliError, warn
 from async_tracker.errors import TrackerError
@@ -45,12 +48,21 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--config", metavar="CFG", help="config string for --tracker (e.g. a file)")
     p.add_argument("--json", action="store_true", help="print JSON instead of tables")
+    p.add_argument("--version", action="version", version=f"async-tracker {_version()}")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
     query.register(sub, common)
     plot.register(sub, common)
     run.register(sub, common)
     sync.register(sub, common)
     return p
+
+
+def _version() -> str:
+    """The installed distribution's version (what pip installed), else the package's own."""
+    try:
+        return importlib.metadata.version("async-tracker")
+    except importlib.metadata.PackageNotFoundError:
+        return async_tracker.__version__
 
 
 def main(argv: Sequence[str] | None = None) -> int:

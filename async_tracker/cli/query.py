@@ -100,10 +100,11 @@ def _tree_lines(nodes: Sequence[dict[str, Any]], key: str, prefix: str) -> list[
 
 
 def cmd_lineage(t: TrackerBase, args: argparse.Namespace) -> tuple[object, str]:
-    check_known(t, args.RUN_ID)
     if args.depth < 1:
         raise CliError(f"--depth must be at least 1, got {args.depth}")
     lineage = t.lineage(args.RUN_ID)
+    if not lineage.descendants:  # a source that never ran here (a data set) has descendants
+        check_known(t, args.RUN_ID)
     root = frozenset([args.RUN_ID])
     data = {
         "run_id": args.RUN_ID,

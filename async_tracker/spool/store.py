@@ -29,6 +29,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+import platformdirs
+
 from async_tracker.records import Batch
 from async_tracker.spool.codec import encode_batch, read_segment_bytes
 from async_tracker.spool.io import SpoolIO
@@ -52,12 +54,13 @@ _TMP = re.compile(rf"^\.{_TOKEN}\..*\.tmp$")
 
 
 def default_spool_dir() -> Path:
-    """``$ASYNC_TRACKER_SPOOL_DIR``, else ``$XDG_CACHE_HOME/async_tracker/spool``, else
-    ``~/.cache/async_tracker/spool``."""
+    """``$ASYNC_TRACKER_SPOOL_DIR``, else the user's cache directory (``platformdirs``:
+    ``~/.cache/async_tracker/spool`` on Linux, honouring ``XDG_CACHE_HOME``): one per user,
+    never a folder every user of the machine shares. Each run spools in a folder of its own
+    under it."""
     if os.environ.get(ENV_SPOOL_DIR):
         return Path(os.environ[ENV_SPOOL_DIR])
-    cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(cache) / "async_tracker" / "spool"
+    return Path(platformdirs.user_cache_dir("async_tracker", appauthor=False)) / "spool"
 
 
 def backend_dir_name(backend: str) -> str:

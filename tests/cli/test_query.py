@@ -144,6 +144,20 @@ def test_lineage_json_and_depth(configured: Store, capsys: pytest.CaptureFixture
     ]
 
 
+def test_lineage_of_a_data_set_that_is_not_a_run(
+    writable_store: Store, isolated: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    write_torchxconfig(isolated, writable_store)
+    tracker = writable_store.tracker()
+    tracker.add_metadata(CHILD_A, lr=0.1)
+    tracker.add_source(CHILD_A, "s3://data/imagenet", "train")
+    # The data set holds only its descendants: no job, yet its lineage shows.
+    assert run_json(capsys, "list", "jobs") == [CHILD_A]
+    assert run_json(capsys, "lineage", "--depth", "1", "s3://data/imagenet")["descendants"] == [
+        {"run_id": CHILD_A, "artifact": "train"}
+    ]
+
+
 # -- which tracker ---------------------------------------------------------------------------
 
 
@@ -306,3 +320,12 @@ def test_console_script(configured: Store) -> None:
         [str(script), "list", "jobs"], capture_output=True, text=True, timeout=60, check=True
     )
     assert PARENT in out.stdout
+
+
+def test_version_is_the_installed_one(capsys: pytest.CaptureFixture[str]) -> None:
+    import importlib.metadata
+
+    assert main(["--version"]) == 0
+    assert capsys.readouterr().out.strip() == (
+        f"async-tracker {importlib.metadata.version('async-tracker')}"
+    )

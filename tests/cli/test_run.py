@@ -180,8 +180,8 @@ def test_job_records_its_run(
     assert out == f"{run_id} True\n"  # the job's stdout is its own
 
     tracker = writable_store.tracker()
-    # The parent's directory holds its descendants: it is listed too.
-    assert set(tracker.run_ids()) == {run_id, PARENT}
+    # The parent's directory holds only its descendants (it ran elsewhere): not a run here.
+    assert set(tracker.run_ids()) == {run_id}
     assert [s.source_run_id for s in tracker.sources(run_id)] == [PARENT]
     assert list(tracker.run_ids(parent_run_id=PARENT)) == [run_id]
     assert [p.value for p in tracker.metrics(run_id)["loss"]] == [1.0, 0.5, 1.0 / 3]

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import math
 import posixpath
+import sys
 from pathlib import Path
 
 import fsspec
@@ -20,6 +22,10 @@ from async_tracker.backend.fsspec import (
     encode_run_id,
     read_config,
 )
+from async_tracker.errors import RecordError, TransientBackendError
+
+if sys.version_info < (3, 11):  # pragma: no cover - 3.10
+    from exceptiongroup import ExceptionGroup
 
 RUN = "local://session/app-1"
 
@@ -56,7 +62,7 @@ def test_one_flush_writes_a_handful_of_files(root: Path, tracker: FsspecTracker)
             run.log_metrics({"loss": 1.0 / (step + 1), "acc": step / 20_000}, step=step)
         report = run.flush()
         assert report.ok and report.delivered == 40_004
-        assert len(files(root, RUN, "metadata")) == 1
+        assert len(files(root, RUN, "metadata")) == 2  # one per key: lr (once), bs
         assert len(files(root, RUN, "metrics")) == 1
         assert len(files(root, RUN, "artifacts")) == 1
         assert run.metadata() == {"lr": 0.2, "bs": 32}
@@ -65,19 +71,24 @@ def test_one_flush_writes_a_handful_of_files(root: Path, tracker: FsspecTracker)
         assert [p.step for p in points["loss"]] == list(range(20_000))
 
 
-def test_metadata_keeps_one_file_per_process_so_any_listing_order_reads_last_write(
+def test_metadata_keeps_one_file_per_key_so_any_listing_order_reads_last_write(
     root: Path, tracker: FsspecTracker
 ) -> None:
     # torchx's reader merges files in listing order (hash order on local disks): with one
-    # cumulative file per process, that order cannot matter.
+    # file left per key, that order cannot matter.
     with AppRun(RUN, [tracker]) as run:
         for i in range(30):
             run.add_metadata(epoch=i, **{f"k{i}": i})
             run.flush()
-        (name,) = files(root, RUN, "metadata")
+    names = files(root, RUN, "metadata")
+    assert len(names) == 31  # epoch, k0 ... k29
+    merged: dict[str, object] = {}
+    for name in names:
         content = json.loads((root / encode_run_id(RUN) / "metadata" / name).read_text())
-        assert content["metadata"]["epoch"] == 29
-        assert content["metadata"]["k0"] == 0
+        (key,) = content["metadata"]  # one key a file
+        assert key not in merged
+        merged.update(content["metadata"])
+    assert merged == {"epoch": 29, **{f"k{i}": i for i in range(30)}}
 
 
 def test_metrics_segments_are_new_files_never_appended(root: Path, tracker: FsspecTracker) -> None:
@@ -146,7 +157,9 @@ def test_foreign_and_corrupt_files_are_skipped_with_one_warning(
     (root / "README.txt").write_text("hello")
     with caplog.at_level(logging.WARNING, logger="async_tracker"):
         assert tracker.metadata(RUN) == {"a": 1}
-        assert caplog.text.count("skipped 3 entries") == 1
+        (warning,) = caplog.records
+        for name in ("0000-corrupt", "0001-wrong-shape", "a-directory"):
+            assert str(run_dir / "metadata" / name) in warning.getMessage()
         assert list(tracker.artifacts(RUN)) == ["model"]
         assert tracker.metrics(RUN) == {}
         assert list(tracker.run_ids()) == [RUN]
@@ -205,7 +218,7 @@ def test_config_nested_keys_comments_and_booleans(tmp_path: Path) -> None:
     assert read_config(cfg) == {
         "protocol": "file",
         "root_path": f"{tmp_path}/runs",
-        "client_kwargs": {"endpoint_url": "http://x:1/?a=b", "nested": {"deep": "2"}},
+        "client_kwargs": {"endpoint_url": "http://x:1/?a=b", "nested": {"deep": 2}},
         "auto_mkdir": True,
     }
 
@@ -257,3 +270,124 @@ def test_names_sort_into_write_order_across_runs(tmp_path: Path) -> None:
     assert names == sorted(names)
     assert len(set(names)) == 1000
     assert posixpath.basename(tracker.root_dir) == tmp_path.name
+
+
+def test_numbers_in_config_files_are_parsed_but_credentials_stay_text(tmp_path: Path) -> None:
+    cfg = write(
+        tmp_path,
+        "protocol=file\nroot_path=/x\n"
+        "timeout=30\nratio=0.5\nneg=-3\nbig=1e3\nversion=1.2.3\nzero=0\n"
+        "padded=007\nsecret=12345\nclient_kwargs.region_name=123\n"
+        "config_kwargs.retries.max_attempts=5\n",
+    )
+    assert read_config(cfg) == {
+        "protocol": "file",
+        "root_path": "/x",
+        "timeout": 30,
+        "ratio": 0.5,
+        "neg": -3,
+        "big": 1000.0,
+        "version": "1.2.3",
+        "zero": 0,
+        "padded": "007",  # a leading zero: maybe an id or a secret, kept as written
+        "secret": "12345",
+        "client_kwargs": {"region_name": "123"},
+        "config_kwargs": {"retries": {"max_attempts": 5}},
+    }
+
+
+def test_config_url_names_the_store(tmp_path: Path) -> None:
+    cfg = write(tmp_path, f"url=file://{tmp_path}/runs\nauto_mkdir=true\n")
+    tracker = create(cfg)
+    tracker.add_metadata(RUN, x=1)
+    assert (tmp_path / "runs" / encode_run_id(RUN) / "metadata").is_dir()
+    assert FsspecTracker(fsspec.filesystem("file"), str(tmp_path / "runs")).metadata(RUN) == {
+        "x": 1
+    }
+    memory = create(write(tmp_path, f"url=memory://url-test-{tmp_path.name}/runs\n"))
+    memory.add_metadata(RUN, y=2)
+    assert memory.metadata(RUN) == {"y": 2}
+    assert type(memory.async_tracker.fs).__name__ == "MemoryFileSystem"  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("url=file:///x\nprotocol=file\n", "not both"),
+        ("url=file:///x\nroot_path=/x\n", "not both"),
+        ("url=nosuchscheme://user:hunter2@host/x\n", "cannot create the 'nosuchscheme'"),
+    ],
+)
+def test_config_url_errors_are_clear_and_hide_credentials(
+    tmp_path: Path, text: str, message: str
+) -> None:
+    with pytest.raises(TrackerConfigError, match=message) as info:
+        create(write(tmp_path, text))
+    assert "hunter2" not in str(info.value)
+
+
+# -- the backend contract ---------------------------------------------------------------------
+
+
+def test_validate_refuses_names_that_make_no_file_at_the_call_site(root: Path) -> None:
+    tracker = FsspecTracker(fsspec.filesystem("file"), str(root))
+    with AppRun(RUN, [tracker]) as run:
+        longest_artifact = "a" * 155  # base32: 248 characters
+        run.add_artifact(longest_artifact, "/m")
+        with pytest.raises(ValueError, match=r"artifact 'aaa.*156 bytes.*at most 155"):
+            run.add_artifact("a" * 156, "/m")
+        with pytest.raises(ValueError, match=r"artifact 'model.*lone surrogate"):
+            run.add_artifact("model\ud800", "/m")
+        longest_source = "s" * 145  # base32 and a digest: 255 characters
+        run.add_source(longest_source, "ckpt")
+        with pytest.raises(ValueError, match=r"source 'sss.*146 bytes"):
+            run.add_source("s" * 146)
+        for art in ("two\nlines", "cr\rhere", " padded", "padded "):
+            with pytest.raises(ValueError, match="line break or surrounding blanks"):
+                run.add_source("parent", art)
+        with pytest.raises(ValueError, match=r"artifact_name .* lone surrogate"):
+            run.add_source("parent", "ckpt\udc80")
+        # Metadata keys are only inside JSON (the file is named by a digest): any length.
+        run.add_metadata(**{"k" * 1000: 1})
+        assert run.close(30).ok
+    assert set(tracker.artifacts(RUN)) == {longest_artifact}
+    assert [(s.source_run_id, s.artifact_name) for s in tracker.sources(RUN)] == [
+        (longest_source, "ckpt")
+    ]
+    assert [d.source_run_id for d in tracker.lineage(longest_source).descendants] == [RUN]
+    assert tracker.metadata(RUN) == {"k" * 1000: 1}
+
+
+def test_map_error_method_maps_what_escapes_a_write() -> None:
+    tracker = AsyncFsspecTracker(fsspec.filesystem("memory"), "/map-error")
+    assert isinstance(tracker.map_error(ConnectionResetError(errno.ECONNRESET, "reset")),
+                      TransientBackendError)  # fmt: skip
+    assert isinstance(tracker.map_error(OSError(errno.EFBIG, "too large")), RecordError)
+    group = ExceptionGroup("writes", [TimeoutError("slow"), ValueError("x")])
+    assert isinstance(tracker.map_error(group), TransientBackendError)
+    already = RecordError("kept as it is")
+    assert tracker.map_error(already) is already
+
+
+async def test_aclose_with_each_reason_leaves_the_store_and_filesystem_usable(
+    root: Path,
+) -> None:
+    fs = fsspec.filesystem("file")
+    for reason in ("finished", "failed", "killed"):
+        tracker = AsyncFsspecTracker(fs, str(root))
+        await tracker.add_metadata(RUN, **{reason: True})
+        await tracker.aclose(reason)  # type: ignore[arg-type]
+    # The filesystem is fsspec's shared instance: still working for anyone holding it.
+    again = AsyncFsspecTracker(fs, str(root))
+    assert await again.metadata(RUN) == {"finished": True, "failed": True, "killed": True}
+
+
+def test_metadata_keys_read_back_in_call_order(tracker: FsspecTracker) -> None:
+    # One file per key: the files of one call sort in the order of its keys, not by digest;
+    # keys come in the order of their last writes (a rewritten key's older file is gone).
+    keys = [f"key{i}" for i in range(40)]
+    tracker.add_metadata(RUN, **{k: i for i, k in enumerate(keys)})
+    assert list(tracker.metadata(RUN)) == keys
+    tracker.add_metadata(RUN, key0="again", new=1)
+    assert list(tracker.metadata(RUN)) == [*keys[1:], "key0", "new"]
+    assert tracker.metadata(RUN)["key0"] == "again"
