@@ -86,10 +86,12 @@ class RunHandle:
         run = self._run
         if run is None:
             if in_torchx_job():
-                if (self._name, self._dir) != (None, None) or self._init_options:
+                unused = [k for k, v in (("name", self._name), ("dir", self._dir)) if v]
+                if unused or self._init_options:
                     logger.warning(
                         "async_tracker: TORCHX_JOB_ID is set: logging to the job's run "
-                        "(AppRun.run_from_env()); name, dir and init options are not used"
+                        "(AppRun.run_from_env()); %s not used",
+                        ", ".join([*unused, *self._init_options]),
                     )
                 run = AppRun.run_from_env()
             else:
