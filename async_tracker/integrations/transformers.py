@@ -138,7 +138,7 @@ class AsyncTrackerCallback(TrainerCallback):
                 {
                     "metric": args.metric_for_best_model,
                     "score": state.best_metric,
-                    "step": state.best_global_step,
+                    "step": getattr(state, "best_global_step", None),  # absent before 4.5x
                 },
             )
 
