@@ -66,6 +66,7 @@ from base64 import b32decode, b32encode
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, TypeVar
 
+import anyio
 import fsspec
 import fsspec.core
 from fsspec.implementations.local import LocalFileSystem
@@ -87,6 +88,7 @@ from async_tracker.errors import (
     TrackerConfigError,
     TransientBackendError,
 )
+from async_tracker.loop import wait_future
 from async_tracker.records import (
     Batch,
     Lineage,
@@ -305,7 +307,7 @@ class _Storage:
         if self.is_async:
             coro = getattr(self.fs, "_" + name)(*args, **kwargs)
             future = asyncio.run_coroutine_threadsafe(coro, self.fs.loop)
-            return await asyncio.wrap_future(future)
+            return await wait_future(future)  # from any event loop (asyncio, trio)
         call = functools.partial(getattr(self.fs, name), *args, **kwargs)
         return await run_blocking(call, endpoint=self.endpoint)
 
@@ -413,18 +415,25 @@ class NotADirectory(Exception):
 async def _gather_bounded(awaitables: Sequence[Awaitable[T]]) -> list[T]:
     """The results of ``awaitables``, at most :data:`MAX_CONCURRENT_FILES` in flight: reads
     of a run's files overlap (one round trip each on object stores), without opening
-    hundreds of connections at once. Every one ends before an error is raised."""
-    semaphore = asyncio.Semaphore(MAX_CONCURRENT_FILES)
+    hundreds of connections at once. Every one ends before an error is raised (the first by
+    position). anyio, not asyncio.gather: a backend called directly from trio code works."""
+    limiter = anyio.CapacityLimiter(MAX_CONCURRENT_FILES)
+    results: list[Any] = [None] * len(awaitables)
+    errors: dict[int, Exception] = {}
 
-    async def one(aw: Awaitable[T]) -> T:
-        async with semaphore:
-            return await aw
+    async def one(i: int, aw: Awaitable[T]) -> None:
+        async with limiter:
+            try:
+                results[i] = await aw
+            except Exception as exc:
+                errors[i] = exc
 
-    results = await asyncio.gather(*(one(aw) for aw in awaitables), return_exceptions=True)
-    for result in results:
-        if isinstance(result, BaseException):
-            raise result
-    return results  # type: ignore[return-value]
+    async with anyio.create_task_group() as tg:
+        for i, aw in enumerate(awaitables):
+            tg.start_soon(one, i, aw)
+    if errors:
+        raise errors[min(errors)]
+    return results
 
 
 class AsyncFsspecTracker(AsyncTrackerBase):
@@ -690,8 +699,8 @@ class AsyncFsspecTracker(AsyncTrackerBase):
     ) -> list[TrackerSource]:
         """The edges in the files of ``categories`` (each file: a run id in its name, artifact
         names in its lines), each edge once, in the order first found."""
-        groups = await asyncio.gather(
-            *(self._parsed(self._path(run_id, c), _parse_edges, skipped) for c in categories)
+        groups = await _gather_bounded(
+            [self._parsed(self._path(run_id, c), _parse_edges, skipped) for c in categories]
         )
         seen: dict[tuple[str, str | None], TrackerSource] = {}
         for group in groups:
