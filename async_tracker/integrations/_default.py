@@ -19,7 +19,7 @@ from typing import Any, SupportsFloat
 from async_tracker.base import CloseReason
 from async_tracker.factory import ENV_TORCHX_JOB_ID, UNDEFINED_JOB_ID
 from async_tracker.init_run import init
-from async_tracker.records import check_metadata, metric_value
+from async_tracker.records import check_metadata
 from async_tracker.run import AppRun
 
 logger = logging.getLogger("async_tracker.integrations")
@@ -186,9 +186,12 @@ def numeric_logs(logs: Mapping[str, object]) -> tuple[dict[str, SupportsFloat], 
             else:
                 skipped.append(key)
             continue
+        if isinstance(value, (str, bytes)):  # float() parses text: not a metric here
+            skipped.append(key)
+            continue
         try:
-            numbers[key] = metric_value(key, value)
-        except (TypeError, ValueError):
+            numbers[key] = float(value)  # type: ignore[arg-type]
+        except (TypeError, ValueError, OverflowError):
             skipped.append(key)
     return numbers, skipped
 

@@ -5,9 +5,9 @@ Example::
     import lightning.pytorch as pl
     from async_tracker.integrations.lightning import AsyncTrackerLogger
 
-    trainer = pl.Trainer(logger=AsyncTrackerLogger(project="mnist", log_model=True))
-    trainer.fit(model, train_loader)
-    # async-tracker list metrics <run id>   (the id is logger.version's run: logger.experiment.id)
+    logger = AsyncTrackerLogger(project="mnist", log_model=True)
+    pl.Trainer(logger=logger, max_epochs=3).fit(model, train_loader)
+    print(logger.run_id)   # then: async-tracker list metrics <run id>
 
 Without ``run=``, the logger logs to the torchx job's run when ``TORCHX_JOB_ID`` is set, else
 opens a run with ``async_tracker.init(project or "lightning", name=name, dir=dir,
