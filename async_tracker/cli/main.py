@@ -24,7 +24,7 @@ from collections.abc import Sequence
 
 import async_tracker
 from async_tracker.cli import plot, query, run, sync
-from async_tracker.cli.common import EXIT_FAILURE, EXIT_USAGE, CliError, warn
+from async_tracker.cli.common import EXIT_FAILURE, EXIT_USAGE, CliError, StoreError, warn
 from async_tracker.errors import TrackerError
 
 EXIT_INTERRUPTED = 130
@@ -37,6 +37,7 @@ def parser() -> argparse.ArgumentParser:
     common.add_argument("--tracker", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
     common.add_argument("--config", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
     common.add_argument("--json", action="store_true", default=argparse.SUPPRESS, help="print JSON")
+    common.add_argument("--store", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
 
     p = argparse.ArgumentParser(
         prog="async-tracker",
@@ -47,6 +48,12 @@ def parser() -> argparse.ArgumentParser:
         "--tracker", metavar="NAME", help="tracker name or module:factory (default: configured)"
     )
     p.add_argument("--config", metavar="CFG", help="config string for --tracker (e.g. a file)")
+    p.add_argument(
+        "--store",
+        metavar="PATH|URL",
+        help="the store to read: a path or fsspec URL (default: $ASYNC_TRACKER_DIR, else "
+        "./tracker_runs, unless trackers are configured the torchx way)",
+    )
     p.add_argument("--json", action="store_true", help="print JSON instead of tables")
     p.add_argument("--version", action="version", version=f"async-tracker {_version()}")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -73,6 +80,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return exc.code if isinstance(exc.code, int) else EXIT_USAGE
     try:
         code: int = args.func(args)
+    except StoreError as exc:
+        warn(str(exc))
+        return EXIT_FAILURE
     except (CliError, TrackerError) as exc:
         warn(str(exc))
         return EXIT_USAGE
