@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import inspect
 import json
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from async_tracker.adapters import as_sync
@@ -68,11 +69,16 @@ class StoreError(Exception):
     """The store could not be read (unreachable, refused): one line, exit code 1."""
 
 
-def reading(label: str, exc: BaseException) -> StoreError:
-    reason = " ".join(str(exc).split()) or type(exc).__name__
-    if len(reason) > 200:
-        reason = reason[:197] + "..."
-    return StoreError(f"cannot read the {label}: {reason}")
+@contextlib.contextmanager
+def read_or_fail(label: str) -> Iterator[None]:
+    """Turns a failed read of the store (unreachable, refused) into one line naming it."""
+    try:
+        yield
+    except (BackendError, OSError) as exc:
+        reason = " ".join(str(exc).split()) or type(exc).__name__
+        if len(reason) > 200:
+            reason = reason[:197] + "..."
+        raise StoreError(f"cannot read the {label}: {reason}") from exc
 
 
 def resolve_run(tracker: TrackerBase, run_id: str, ids: Sequence[str] | None = None) -> str:
@@ -148,10 +154,8 @@ def run_query(query: Query) -> Callable[[argparse.Namespace], int]:
 
     def command(args: argparse.Namespace) -> int:
         tracker, label = tracker_and_label(args)
-        try:
+        with read_or_fail(label):
             data, text = query(tracker, args)
-        except (BackendError, OSError) as exc:
-            raise reading(label, exc) from exc
         print(to_json(data) if args.json else text)
         return 0
 
