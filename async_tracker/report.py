@@ -139,4 +139,4 @@ def _short(text: str, limit: int = 120) -> str:
 
 
 def _quote(path: str) -> str:
-    return path if path and all(c.isalnum() or c in "/._-~" for c in path) else repr(path)
+    return path if path and all(c.isalnum() or c in "/._-~:" for c in path) else repr(path)
