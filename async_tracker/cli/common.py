@@ -37,14 +37,14 @@ def tracker_specs(args: argparse.Namespace) -> list[TrackerSpec]:
         return [resolve_tracker(args.tracker, args.config)]
     if args.config:
         raise CliError("--config needs --tracker NAME")
+    if getattr(args, "store", None) is not None:
+        # Only `run` gets here with --store: its job builds trackers from TORCHX_* names and
+        # configs, which a bare store URL is not.
+        raise CliError("`run` does not take --store: configure the trackers the torchx way")
     specs = configured_trackers()
     if not specs:
         raise CliError(NO_TRACKER_HELP)
     return specs
-
-
-def open_tracker(args: argparse.Namespace) -> TrackerBase:
-    return tracker_and_label(args)[0]
 
 
 def tracker_and_label(args: argparse.Namespace) -> tuple[TrackerBase, str]:
