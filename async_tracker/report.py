@@ -8,6 +8,7 @@ They cover the whole life of the run, not just the last call.
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 
@@ -102,9 +103,13 @@ class FlushReport:
             refused={s.name: s.refused for s in b if s.refused},
         )
 
-    def summary(self, run_id: str) -> str:
+    def summary(self, run_id: str, stores: Mapping[str, str] | None = None) -> str:
         """At most five short lines for a person: what was not delivered, where it waits,
-        and the command that delivers it. Empty when the report is ok."""
+        and the command that delivers it. Empty when the report is ok.
+
+        ``stores`` maps backend names to the store URL of those that are fsspec stores:
+        when every spooled backend is one store, the command names it (``--to URL``), and
+        works without the job's tracker configuration."""
         if self.ok:
             return ""
         counts = [f"{self.delivered} delivered", f"{self.spooled} spooled"]
@@ -123,10 +128,17 @@ class FlushReport:
             # <spool root>/<run>/<backend>: sync takes the root and replays every run in it.
             roots = sorted({os.path.dirname(os.path.dirname(p)) for p in self.spool_paths.values()})
             lines.append(f"  spooled in {', '.join(self.spool_paths.values())}"[:200])
-            lines.append(
-                f"  deliver them: async-tracker sync {_quote(roots[0])}"
-                " (with the same TORCHX_TRACKERS and tracker configs as this job)"
-            )
+            targets = {(stores or {}).get(name) for name in self.spool_paths}
+            target = targets.pop() if len(targets) == 1 else None
+            if target:
+                lines.append(
+                    f"  deliver them: async-tracker sync {_quote(roots[0])} --to {_quote(target)}"
+                )
+            else:
+                lines.append(
+                    f"  deliver them: async-tracker sync {_quote(roots[0])}"
+                    " (with the same TORCHX_TRACKERS and tracker configs as this job)"
+                )
         return "\n".join(lines[:5])
 
 
@@ -136,4 +148,4 @@ def _short(text: str, limit: int = 120) -> str:
 
 
 def _quote(path: str) -> str:
-    return path if path and all(c.isalnum() or c in "/._-~" for c in path) else repr(path)
+    return path if path and all(c.isalnum() or c in "/._-~:" for c in path) else repr(path)

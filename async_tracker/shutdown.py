@@ -116,7 +116,20 @@ def close_all(timeout: float | None = None, reason: CloseReason | None = None) -
     for run, wait in pending:
         report = wait(max(0.0, deadline - time.monotonic()))
         if not report.ok:
-            logger.warning("%s", report.summary(run.id))
+            logger.warning("%s", report.summary(run.id, _store_urls(run)))
+
+
+def _store_urls(run: AppRun) -> dict[str, str]:
+    """The store URL of each of the run's backends that is an fsspec store: the exit
+    summary's ``sync --to`` needs nothing else to deliver what waits for them."""
+    # Imported here: run.py imports this module before any backend is loaded.
+    from async_tracker.backend.fsspec import AsyncFsspecTracker
+
+    return {
+        name: backend.fs.unstrip_protocol(backend.root_dir)
+        for name, backend in zip(run._names, run._async_backends)
+        if isinstance(backend, AsyncFsspecTracker)
+    }
 
 
 def flush_all(timeout: float) -> None:

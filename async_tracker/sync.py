@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TextIO
 
+from tqdm import tqdm
+
 from async_tracker.factory import AnyTracker
 from async_tracker.report import FlushReport
 from async_tracker.run import AppRun
@@ -32,33 +34,42 @@ class SyncResult:
         return not self.unknown_backends and all(r.ok for r in self.reports.values())
 
 
-def _bar(done: int, total: int, width: int = 30) -> str:
-    filled = width * done // total if total else width
-    return "[" + "#" * filled + "." * (width - filled) + f"] {done}/{total}"
-
-
 def sync_spool(
     spool_dir: Path,
     trackers: Mapping[str, AnyTracker],
     timeout: float | None = None,
     out: TextIO = sys.stderr,
+    to: AnyTracker | None = None,
 ) -> SyncResult:
-    """Replays every run spooled under ``spool_dir`` into ``trackers`` (by backend name)."""
+    """Replays every run spooled under ``spool_dir`` into ``trackers`` (by backend name), or
+    into ``to``, whatever backend the records were spooled for. A progress bar and a line per
+    (run, backend) go to ``out``.
+
+    Running it twice stores nothing twice: a replay acknowledges in the spool what it
+    delivered, and the next one finds only what is left (nothing)."""
     by_dir = {backend_dir_name(name): (name, t) for name, t in trackers.items()}
     todo = spooled_runs(spool_dir)
     result = SyncResult()
-    for i, (run_id, backend_dir, _) in enumerate(todo):
-        if backend_dir not in by_dir:
-            result.unknown_backends.append((run_id, backend_dir))
-            print(f"{_bar(i + 1, len(todo))} {run_id} -> {backend_dir}: no such tracker configured",
-                  file=out)
-            continue
-        name, tracker = by_dir[backend_dir]
-        run = AppRun(run_id, [tracker], spool_dir=str(spool_dir), _backend_names=[name])
-        run.flush(timeout)
-        report = run.close(timeout if timeout is not None else 60.0)
-        result.reports[(run_id, name)] = report
-        state = "ok" if report.ok else f"{report.spooled + report.pending} records left"
-        print(f"{_bar(i + 1, len(todo))} {run_id} -> {name}: {report.delivered} records "
-              f"delivered, {state}", file=out)
+    with tqdm(total=len(todo), file=out, unit="run", desc="sync", leave=True) as bar:
+        for run_id, backend_dir, _ in todo:
+            if to is not None:
+                # The spool's key is the backend directory: replaying under that name
+                # adopts its segments, whatever backend stores them now.
+                name, tracker = backend_dir, to
+            elif backend_dir in by_dir:
+                name, tracker = by_dir[backend_dir]
+            else:
+                result.unknown_backends.append((run_id, backend_dir))
+                bar.write(f"{run_id} -> {backend_dir}: no such tracker configured", file=out)
+                bar.update()
+                continue
+            run = AppRun(run_id, [tracker], spool_dir=str(spool_dir), _backend_names=[name])
+            run.flush(timeout)
+            report = run.close(timeout if timeout is not None else 60.0)
+            result.reports[(run_id, name)] = report
+            state = "ok" if report.ok else f"{report.spooled + report.pending} records left"
+            bar.write(
+                f"{run_id} -> {name}: {report.delivered} records delivered, {state}", file=out
+            )
+            bar.update()
     return result

@@ -118,6 +118,11 @@ PARENTS_DIR = "parents"
 DESCENDANTS_DIR = "descendants"
 METRICS_DIR = "metrics"
 TMP_DIR = ".tmp"
+# How the run ended, one file per writing process: not a record torchx knows (its reader
+# never lists this folder) and not one that makes a directory a run's (see RUN_PARTS).
+STATUS_DIR = "status"
+# When several processes end one run, the worst ending wins: a failed rank fails the run.
+_STATUS_RANK = {"finished": 0, "killed": 1, "failed": 2}
 # What makes a directory a run's: any record the run wrote itself. A directory holding only
 # ``descendants/`` is the other end of an edge (a data set, a parent in another store).
 RUN_PARTS = frozenset({METADATA_DIR, ARTIFACTS_DIR, SOURCES_DIR, PARENTS_DIR, METRICS_DIR})
@@ -166,6 +171,11 @@ class _Names:
         self._count = 0
         self._last_ns = 0
         self._lock = threading.Lock()
+
+    @property
+    def token(self) -> str:
+        """This process's token: unique across processes and hosts."""
+        return self._token
 
     def new(self, suffix: str = "") -> str:
         with self._lock:
@@ -492,6 +502,27 @@ class AsyncFsspecTracker(AsyncTrackerBase):
         """Nothing to release, whatever the ``reason``: every write is complete when it
         returns (no open file, no buffered part), and the filesystem is not ours to close
         (fsspec caches and shares its instances across the process)."""
+
+    async def end_run(self, run_id: str, reason: CloseReason) -> None:
+        """Records how the run ended in ``status/<writer token>.json``: one file per process,
+        so ranks ending one run never overwrite each other (a resumed run in the same
+        process overwrites its own, the latest ending being the true one)."""
+        path = self._path(run_id, STATUS_DIR, f"{_names.token}.json")
+        with _mapped(f"write of run {run_id!r}"):
+            await self._put_json(run_id, path, {"status": reason, "time": time.time()})
+
+    async def run_status(self, run_id: str) -> tuple[str, float | None]:
+        """How the run ended and when: ``failed`` if any writer failed, else ``killed`` if
+        any was killed, else ``finished`` (the time of the latest such ending); ``running``
+        and None while no writer has ended it (or one died without saying)."""
+        skipped = _Skipped()
+        parsed = await self._parsed(self._path(run_id, STATUS_DIR), _parse_status, skipped)
+        skipped.warn()
+        if not parsed:
+            return "running", None
+        worst = max(_STATUS_RANK[s] for _, (s, _) in parsed)
+        times = [t for _, (s, t) in parsed if _STATUS_RANK[s] == worst]
+        return next(s for s, r in _STATUS_RANK.items() if r == worst), max(times)
 
     # -- writes ---------------------------------------------------------------------------------
     async def write_batch(self, run_id: str, batch: Batch) -> None:
@@ -880,6 +911,14 @@ def _parse_metadata(_: str, data: bytes) -> dict[str, object]:
     if not isinstance(values, dict):
         raise TypeError('not {"metadata": {...}}')
     return values
+
+
+def _parse_status(_: str, data: bytes) -> tuple[str, float]:
+    content = json.loads(data)
+    status, when = content["status"], float(content["time"])
+    if status not in _STATUS_RANK:
+        raise ValueError(f"unknown status {status!r}")
+    return status, when
 
 
 def _parse_artifact(data: bytes) -> TrackerArtifact:

@@ -3,13 +3,19 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
+import inspect
 import json
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
 
 from async_tracker.adapters import as_sync
 from async_tracker.base import TrackerBase
 from async_tracker.config import TrackerSpec, configured_trackers, resolve_tracker
+from async_tracker.errors import BackendError
+from async_tracker.init_run import open_store, store_dir
+from async_tracker.loop import get_loop
 
 # Exit codes: 2 is a usage problem (argparse's own code too), 1 a store that failed us.
 EXIT_USAGE = 2
@@ -17,7 +23,7 @@ EXIT_FAILURE = 1
 
 NO_TRACKER_HELP = (
     "no tracker configured: set [torchx:tracker] in .torchxconfig, or TORCHX_TRACKERS, "
-    "or pass --tracker NAME --config CFG"
+    "or pass --tracker NAME --config CFG (or --store URL)"
 )
 
 
@@ -31,22 +37,86 @@ def tracker_specs(args: argparse.Namespace) -> list[TrackerSpec]:
         return [resolve_tracker(args.tracker, args.config)]
     if args.config:
         raise CliError("--config needs --tracker NAME")
+    if getattr(args, "store", None) is not None:
+        # Only `run` gets here with --store: its job builds trackers from TORCHX_* names and
+        # configs, which a bare store URL is not.
+        raise CliError("`run` does not take --store: configure the trackers the torchx way")
     specs = configured_trackers()
     if not specs:
         raise CliError(NO_TRACKER_HELP)
     return specs
 
 
-def open_tracker(args: argparse.Namespace) -> TrackerBase:
-    """The tracker to read: the one ``--tracker`` names, else the first configured one."""
+def tracker_and_label(args: argparse.Namespace) -> tuple[TrackerBase, str]:
+    """The tracker to read, and what to call it in an error: ``--tracker``/``--config`` if
+    given, else ``--store``, else the first tracker configured the torchx way, else the
+    default store (``init``'s: ``$ASYNC_TRACKER_DIR`` or ``./tracker_runs``)."""
     # A read-only command builds the tracker and never closes it: closing some backends
     # has effects (MLflow's marks a run finished), and the process exits right after.
-    return as_sync(tracker_specs(args)[0].build())
+    if args.tracker or args.config:
+        spec = tracker_specs(args)[0]
+        return as_sync(spec.build()), f"tracker {spec.name!r}"
+    store = getattr(args, "store", None)
+    if store is None:
+        specs = configured_trackers()
+        if specs:
+            return as_sync(specs[0].build()), f"tracker {specs[0].name!r}"
+    url = store_dir(store)
+    return as_sync(open_store(url)), f"store {url}"
 
 
-def check_known(tracker: TrackerBase, run_id: str) -> None:
-    if run_id not in set(tracker.run_ids()):
+class StoreError(Exception):
+    """The store could not be read (unreachable, refused): one line, exit code 1."""
+
+
+@contextlib.contextmanager
+def read_or_fail(label: str) -> Iterator[None]:
+    """Turns a failed read of the store (unreachable, refused) into one line naming it."""
+    try:
+        yield
+    except (BackendError, OSError) as exc:
+        reason = " ".join(str(exc).split()) or type(exc).__name__
+        if len(reason) > 200:
+            reason = reason[:197] + "..."
+        raise StoreError(f"cannot read the {label}: {reason}") from exc
+
+
+def resolve_run(tracker: TrackerBase, run_id: str, ids: Sequence[str] | None = None) -> str:
+    """``run_id`` if the store holds it, else the one run whose id starts with it; a
+    :class:`CliError` when none or several do."""
+    known = list(tracker.run_ids()) if ids is None else list(ids)
+    if run_id in known:
+        return run_id
+    matches = sorted(i for i in known if i.startswith(run_id))
+    if len(matches) == 1:
+        return matches[0]
+    if not matches:
         raise CliError(f"unknown run id {run_id!r}: `async-tracker list jobs` lists the runs")
+    shown = ", ".join(matches[:3]) + (", ..." if len(matches) > 3 else "")
+    raise CliError(f"run id prefix {run_id!r} matches {len(matches)} runs: {shown}")
+
+
+def resolve_runs(tracker: TrackerBase, run_ids: Sequence[str]) -> list[str]:
+    """Each of ``run_ids`` resolved (see :func:`resolve_run`), duplicates dropped."""
+    known = list(tracker.run_ids())
+    return list(dict.fromkeys(resolve_run(tracker, r, known) for r in run_ids))
+
+
+def check_known(tracker: TrackerBase, run_id: str) -> str:
+    """The run id ``run_id`` names (itself, or the one run it is a unique prefix of)."""
+    return resolve_run(tracker, run_id)
+
+
+def run_status(tracker: TrackerBase, run_id: str) -> tuple[str, float | None] | None:
+    """``(status, time it ended)`` when the backend records how runs end, else None."""
+    inner = getattr(tracker, "async_tracker", tracker)
+    read: Callable[[str], Any] | None = getattr(inner, "run_status", None)
+    if not callable(read):
+        return None
+    result = get_loop().call(read, run_id) if inspect.iscoroutinefunction(read) else read(run_id)
+    if isinstance(result, tuple):
+        return result[0], result[1]
+    return ("running" if result is None else str(result)), None  # TensorBoard's: a str
 
 
 def table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
@@ -83,7 +153,9 @@ def run_query(query: Query) -> Callable[[argparse.Namespace], int]:
     """A command that reads the store: ``query`` returns (data for --json, text for humans)."""
 
     def command(args: argparse.Namespace) -> int:
-        data, text = query(open_tracker(args), args)
+        tracker, label = tracker_and_label(args)
+        with read_or_fail(label):
+            data, text = query(tracker, args)
         print(to_json(data) if args.json else text)
         return 0
 

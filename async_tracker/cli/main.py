@@ -4,15 +4,20 @@
     async-tracker list metadata RUN_ID
     async-tracker list artifacts [--artifact NAME] RUN_ID
     async-tracker list metrics RUN_ID
+    async-tracker compare RUN_ID [RUN_ID ...]
     async-tracker lineage RUN_ID [--depth N]
     async-tracker plot RUN_ID [RUN_ID ...] [--metric NAME ...] -o FILE.png|FILE.svg
+    async-tracker export tensorboard RUN_ID [RUN_ID ...] --out DIR
     async-tracker run [--name NAME] [--parent-run-id ID] -- COMMAND ...
-    async-tracker sync [SPOOL_DIR]
+    async-tracker sync [SPOOL_DIR] [--to URL|FACTORY]
     async-tracker --version
 
-The tracker is the first one configured the torchx way (``.torchxconfig``, ``TORCHX_*``), or
-``--tracker NAME --config CFG``; ``run`` passes on every configured one. ``--json`` prints
-machine-readable output. A usage problem (unknown run id, no tracker) exits with code 2.
+The tracker read is ``--tracker NAME --config CFG`` if given, else ``--store PATH|URL``, else
+the first one configured the torchx way (``.torchxconfig``, ``TORCHX_*``), else the default
+store (``$ASYNC_TRACKER_DIR`` or ``./tracker_runs``, where ``init()`` writes); ``run`` passes
+on every configured one. Run ids may be given by a unique prefix. ``--json`` prints
+machine-readable output. A usage problem (unknown run id, no tracker) exits with code 2, a
+store that cannot be read with code 1.
 """
 
 from __future__ import annotations
@@ -23,8 +28,8 @@ import sys
 from collections.abc import Sequence
 
 import async_tracker
-from async_tracker.cli import plot, query, run, sync
-from async_tracker.cli.common import EXIT_FAILURE, EXIT_USAGE, CliError, warn
+from async_tracker.cli import export, plot, query, run, sync
+from async_tracker.cli.common import EXIT_FAILURE, EXIT_USAGE, CliError, StoreError, warn
 from async_tracker.errors import TrackerError
 
 EXIT_INTERRUPTED = 130
@@ -37,6 +42,7 @@ def parser() -> argparse.ArgumentParser:
     common.add_argument("--tracker", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
     common.add_argument("--config", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
     common.add_argument("--json", action="store_true", default=argparse.SUPPRESS, help="print JSON")
+    common.add_argument("--store", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
 
     p = argparse.ArgumentParser(
         prog="async-tracker",
@@ -47,11 +53,18 @@ def parser() -> argparse.ArgumentParser:
         "--tracker", metavar="NAME", help="tracker name or module:factory (default: configured)"
     )
     p.add_argument("--config", metavar="CFG", help="config string for --tracker (e.g. a file)")
+    p.add_argument(
+        "--store",
+        metavar="PATH|URL",
+        help="the store to read: a path or fsspec URL (default: $ASYNC_TRACKER_DIR, else "
+        "./tracker_runs, unless trackers are configured the torchx way)",
+    )
     p.add_argument("--json", action="store_true", help="print JSON instead of tables")
     p.add_argument("--version", action="version", version=f"async-tracker {_version()}")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
     query.register(sub, common)
     plot.register(sub, common)
+    export.register(sub, common)
     run.register(sub, common)
     sync.register(sub, common)
     return p
@@ -73,6 +86,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return exc.code if isinstance(exc.code, int) else EXIT_USAGE
     try:
         code: int = args.func(args)
+    except StoreError as exc:
+        warn(str(exc))
+        return EXIT_FAILURE
     except (CliError, TrackerError) as exc:
         warn(str(exc))
         return EXIT_USAGE

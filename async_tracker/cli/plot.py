@@ -12,7 +12,13 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from async_tracker.cli.common import CliError, check_known, open_tracker, to_json
+from async_tracker.cli.common import (
+    CliError,
+    read_or_fail,
+    resolve_runs,
+    to_json,
+    tracker_and_label,
+)
 from async_tracker.cli.query import read_metrics
 from async_tracker.records import TrackerMetric
 
@@ -98,11 +104,10 @@ def cmd_plot(args: argparse.Namespace) -> int:
         import matplotlib  # noqa: F401  # checked before reading the store: fail fast
     except ImportError as exc:
         raise CliError(MISSING_MATPLOTLIB) from exc
-    tracker = open_tracker(args)
-    run_ids = list(dict.fromkeys(args.RUN_ID))
-    for run_id in run_ids:
-        check_known(tracker, run_id)
-    curves = {run_id: read_metrics(tracker, run_id) for run_id in run_ids}
+    tracker, label = tracker_and_label(args)
+    with read_or_fail(label):
+        run_ids = resolve_runs(tracker, args.RUN_ID)
+        curves = {run_id: read_metrics(tracker, run_id) for run_id in run_ids}
     metrics = _select(curves, args.metric)
     fig = draw(curves, metrics)
     try:

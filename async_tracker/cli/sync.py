@@ -1,18 +1,22 @@
-"""``sync [SPOOL_DIR]``: replay what runs left in a spool into the configured backends.
+"""``sync [SPOOL_DIR] [--to URL|FACTORY]``: replay what runs left in a spool.
 
-The replay itself is :func:`async_tracker.sync.sync_spool`; this module only resolves the
-trackers the torchx way (each under its configured name, the spool's key) and reports.
+The replay itself is :func:`async_tracker.sync.sync_spool`; this module resolves where to:
+``--to`` (or ``--store``), a store or a factory that takes every spooled run, else the
+trackers configured the torchx way (each under its configured name, the spool's key).
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 from pathlib import Path
 from typing import Any
 
 from async_tracker.cli.common import CliError, to_json, tracker_specs
+from async_tracker.factory import AnyTracker, build_tracker
+from async_tracker.init_run import open_store
 
 
 def _sync_module() -> Any:
@@ -24,6 +28,20 @@ def _sync_module() -> Any:
         raise CliError(f"sync is not available in this installation: {exc}") from exc
 
 
+def is_store_url(target: str) -> bool:
+    """A store path or URL (``s3://b/p``, ``./runs``, ``/data/runs``), not a factory name
+    (``tensorboard``, ``mlflow``, ``pkg.module:attr``)."""
+    return "://" in target or "/" in target or os.sep in target or target.startswith((".", "~"))
+
+
+def target_tracker(target: str) -> AnyTracker:
+    """What ``--to`` names: a store (the fsspec backend over it), or a factory built with no
+    config (as ``init(backends=[name])`` builds it)."""
+    if is_store_url(target):
+        return open_store(os.path.expanduser(target))
+    return build_tracker(target, target, None)
+
+
 def cmd_sync(args: argparse.Namespace) -> int:
     sync = _sync_module()
     if args.SPOOL_DIR:
@@ -32,8 +50,13 @@ def cmd_sync(args: argparse.Namespace) -> int:
         spool_dir = Path(importlib.import_module("async_tracker.spool").default_spool_dir())
     if not spool_dir.is_dir():
         raise CliError(f"no spool directory at {str(spool_dir)!r}")
-    trackers = {spec.name: spec.build() for spec in tracker_specs(args)}
-    result = sync.sync_spool(spool_dir, trackers, timeout=args.timeout, out=sys.stderr)
+    target = args.to or getattr(args, "store", None)
+    if target:
+        to = target_tracker(target)
+        result = sync.sync_spool(spool_dir, {}, timeout=args.timeout, out=sys.stderr, to=to)
+    else:
+        trackers = {spec.name: spec.build() for spec in tracker_specs(args)}
+        result = sync.sync_spool(spool_dir, trackers, timeout=args.timeout, out=sys.stderr)
     if args.json:
         print(
             to_json(
@@ -69,14 +92,21 @@ def register(
         parents=[common],
         help="replay spooled records into the configured trackers",
         description=(
-            "Replays the runs a spool directory holds into the trackers configured the torchx "
-            "way (or --tracker/--config), exactly once. Exit code 1 if something is left."
+            "Replays the runs a spool directory holds into --to (a store or a factory), else "
+            "into the trackers configured the torchx way (or --tracker/--config), exactly "
+            "once: a second sync stores nothing twice. Exit code 1 if something is left."
         ),
     )
     p.add_argument(
         "SPOOL_DIR",
         nargs="?",
         help="default: $ASYNC_TRACKER_SPOOL_DIR, else ~/.cache/async_tracker/spool",
+    )
+    p.add_argument(
+        "--to",
+        metavar="URL|FACTORY",
+        help="replay every spooled run into this store (a path or fsspec URL) or backend "
+        "factory (tensorboard, mlflow, module:attr), whatever backend it was spooled for",
     )
     p.add_argument("--timeout", type=float, metavar="S", help="seconds per run (default: none)")
     p.set_defaults(func=cmd_sync)

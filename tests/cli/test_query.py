@@ -29,7 +29,10 @@ ALL_RUNS = {PARENT, CHILD_A, CHILD_B, GRANDCHILD, EMPTY}
 
 def run_json(capsys: pytest.CaptureFixture[str], *argv: str) -> Any:
     assert main(["--json", *argv]) == 0
-    return json.loads(capsys.readouterr().out)
+    data = json.loads(capsys.readouterr().out)
+    if argv[-2:] == ("list", "jobs") or "jobs" in argv[:2]:
+        return [row["run_id"] for row in data]  # the ids, what these tests are about
+    return data
 
 
 # -- list jobs, metadata, artifacts, metrics -------------------------------------------------
@@ -38,9 +41,31 @@ def run_json(capsys: pytest.CaptureFixture[str], *argv: str) -> Any:
 def test_list_jobs_table(configured: Store, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["list", "jobs"]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert lines[0] == "JOB ID"
-    assert set(lines[1]) == {"-"}
-    assert set(lines[2:]) == ALL_RUNS
+    assert lines[0].split() == [
+        "RUN", "ID", "STARTED", "DURATION", "STATUS", "PARAMS", "LAST", "METRICS",
+    ]  # fmt: skip
+    assert set(lines[1]) == {"-", " "}
+    assert {line.split()[0] for line in lines[2:]} == ALL_RUNS
+    (parent,) = [line for line in lines if line.startswith(PARENT + " ")]
+    assert "finished" in parent
+    assert "model=mlp lr=0.05 layers=[64, 64]" in parent
+    assert "loss=0.1 accuracy=0.9 grad_norm=2" in parent
+
+
+def test_list_jobs_json_has_every_column(
+    configured: Store, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["--json", "list", "jobs"]) == 0
+    rows = {row["run_id"]: row for row in json.loads(capsys.readouterr().out)}
+    parent = rows[PARENT]
+    assert parent["status"] == "finished"
+    assert parent["params"] == {"model": "mlp", "lr": 0.05, "layers": [64, 64]}
+    assert parent["metrics"] == {"loss": 0.1, "accuracy": 0.9, "grad_norm": 2.0}
+    assert parent["start"] <= parent["end"]
+    assert parent["duration_s"] == parent["end"] - parent["start"]
+    # No metric: no start, but the run ended.
+    assert rows[EMPTY]["start"] is None and rows[EMPTY]["duration_s"] is None
+    assert rows[EMPTY]["status"] == "finished"
 
 
 def test_list_jobs_by_parent(configured: Store, capsys: pytest.CaptureFixture[str]) -> None:
@@ -55,7 +80,7 @@ def test_json_flag_after_the_subcommand(
     configured: Store, capsys: pytest.CaptureFixture[str]
 ) -> None:
     assert main(["list", "jobs", "--json"]) == 0
-    assert set(json.loads(capsys.readouterr().out)) == ALL_RUNS
+    assert {row["run_id"] for row in json.loads(capsys.readouterr().out)} == ALL_RUNS
 
 
 def test_list_metadata(configured: Store, capsys: pytest.CaptureFixture[str]) -> None:
@@ -261,12 +286,18 @@ def test_unknown_run_id_plot(configured: Store, capsys: pytest.CaptureFixture[st
     test_unknown_run_id(configured, ["plot", "local://nope", "-o", "out.png"], capsys)
 
 
-@pytest.mark.parametrize(
-    "argv",
-    [["list", "jobs"], ["list", "metadata", PARENT], ["lineage", PARENT], ["run", "--", "true"]],
-)
-def test_no_tracker_configured(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(argv) == 2
+def test_nothing_configured_reads_the_default_store(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # ./tracker_runs does not exist: no run, and run ids are unknown there.
+    assert main(["--json", "list", "jobs"]) == 0
+    assert json.loads(capsys.readouterr().out) == []
+    assert main(["lineage", PARENT]) == 2
+    assert "unknown run id" in capsys.readouterr().err
+
+
+def test_no_tracker_configured_for_run(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["run", "--", "true"]) == 2
     err = capsys.readouterr().err
     assert "no tracker configured" in err
     assert "Traceback" not in err
@@ -304,7 +335,7 @@ def test_usage_error_returns_2(capsys: pytest.CaptureFixture[str]) -> None:
 def test_as_a_child_process(configured: Store) -> None:
     ok = cli("--json", "list", "jobs")
     assert ok.returncode == 0, ok.stderr
-    assert set(json.loads(ok.stdout)) == ALL_RUNS
+    assert {row["run_id"] for row in json.loads(ok.stdout)} == ALL_RUNS
     bad = cli("list", "metadata", "local://nope")
     assert bad.returncode == 2
     assert bad.stdout == ""

@@ -62,5 +62,7 @@ def test_s3_batches_are_a_handful_of_objects(s3_config: str) -> None:
         assert len(run.metrics()["loss"]) == 10_000
     fs.invalidate_cache()
     objects = [p for p in fs.find(root)]
-    # One metadata file and one metrics segment: never one object per record.
-    assert len(objects) == 2, objects
+    # One metadata file and one metrics segment: never one object per record (and, once the
+    # run ended, the file saying how).
+    assert len(objects) == 3, objects
+    assert sum("/status/" in p for p in objects) == 1, objects
