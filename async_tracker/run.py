@@ -29,7 +29,7 @@ import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Any, SupportsFloat, SupportsIndex, TypeVar
+from typing import TYPE_CHECKING, Any, SupportsFloat, SupportsIndex, TypeVar
 
 from async_tracker import shutdown
 from async_tracker.adapters import TrackerLike, as_async
@@ -69,6 +69,9 @@ from async_tracker.report import BackendStatus, FlushReport, TrackerStatus
 from async_tracker.retry import RetryPolicy
 from async_tracker.settings import CLOSE_SLACK_S, OverflowPolicy, RunOptions
 from async_tracker.spool import check_run_id, default_spool_dir, has_spool
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 logger = logging.getLogger(__name__)
 
@@ -681,6 +684,16 @@ class AppRun:
     def lineage(self) -> Lineage:
         """Parents and descendants of this run, from the first backend."""
         return self._read_sync("lineage") or Lineage(self.id)
+
+    def plot(self, names: Sequence[str] | None = None) -> Figure:
+        """The run's metric curves (``names``, default every metric) against step, one panel
+        per metric, as a matplotlib ``Figure`` (a notebook shows it; ``fig.savefig(path)``
+        writes it). Reads the first backend, so it works after ``close()`` too. Needs the
+        ``plot`` extra."""
+        from async_tracker.plotting import draw, select
+
+        curves = {self.id: self.metrics()}
+        return draw(curves, select(curves, names))
 
     def _warn_skipped_metrics(self) -> None:
         skipped = [n for n, b in zip(self._names, self._async_backends) if not b.supports_metrics]

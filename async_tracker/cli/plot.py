@@ -7,10 +7,7 @@ so no GUI backend, no global figure state, nothing left open in a long-lived pro
 from __future__ import annotations
 
 import argparse
-import math
-from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from async_tracker.cli.common import (
     CliError,
@@ -20,79 +17,9 @@ from async_tracker.cli.common import (
     tracker_and_label,
 )
 from async_tracker.cli.query import read_metrics
-from async_tracker.records import TrackerMetric
-
-if TYPE_CHECKING:
-    from matplotlib.figure import Figure
+from async_tracker.plotting import MISSING_MATPLOTLIB, draw, select
 
 FORMATS = {".png": "png", ".svg": "svg"}
-PANEL_HEIGHT_IN = 2.6
-FIGURE_WIDTH_IN = 8.0
-MISSING_MATPLOTLIB = (
-    "plot needs matplotlib, which is not installed: pip install 'async-tracker[plot]'"
-)
-
-Curves = Mapping[str, Mapping[str, Sequence[TrackerMetric]]]  # run id -> metric -> points
-
-
-def _select(curves: Curves, wanted: Sequence[str] | None) -> list[str]:
-    """The metrics to draw: those asked for, else every metric of any run, in order of
-    appearance."""
-    available = list(dict.fromkeys(name for run in curves.values() for name in run))
-    if not available:
-        raise CliError(f"no metrics recorded for {', '.join(map(repr, curves))}")
-    if not wanted:
-        return available
-    missing = [m for m in wanted if m not in available]
-    if missing:
-        raise CliError(
-            f"no metric {', '.join(map(repr, missing))} in these runs; "
-            f"they have: {', '.join(available)}"
-        )
-    return list(dict.fromkeys(wanted))
-
-
-def draw(curves: Curves, metrics: Sequence[str]) -> Figure:
-    """One panel per metric, x = step, one line per run (same colour across panels)."""
-    try:
-        from matplotlib.backends.backend_agg import FigureCanvasAgg
-        from matplotlib.figure import Figure
-    except ImportError as exc:
-        raise CliError(MISSING_MATPLOTLIB) from exc
-
-    fig = Figure(
-        figsize=(FIGURE_WIDTH_IN, 1.0 + PANEL_HEIGHT_IN * len(metrics)), layout="constrained"
-    )
-    FigureCanvasAgg(fig)
-    axes = fig.subplots(len(metrics), 1, sharex=True, squeeze=False)[:, 0]
-    colours = [f"C{i % 10}" for i in range(len(curves))]
-    for ax, metric in zip(axes, metrics):
-        for colour, (run_id, run) in zip(colours, curves.items()):
-            points = run.get(metric, ())
-            if not points:
-                continue
-            # Infinities become gaps: matplotlib cannot place them, and NaN already is one.
-            values = [p.value if math.isfinite(p.value) else math.nan for p in points]
-            ax.plot([p.step for p in points], values, color=colour, label=run_id, linewidth=1.2)
-        ax.set_title(metric, loc="left", fontsize="medium")
-        ax.grid(True, alpha=0.3)
-    axes[-1].set_xlabel("step")
-    handles, labels = [], []
-    for ax in axes:  # the legend lists each run once, even if its first panel lacks it
-        for h, label in zip(*ax.get_legend_handles_labels()):
-            if label not in labels:
-                handles.append(h)
-                labels.append(label)
-    # Above the panels, outside them: run ids are long and would hide the curves.
-    fig.legend(
-        handles,
-        labels,
-        loc="outside upper center",
-        ncols=min(len(labels), 2),
-        fontsize="small",
-        frameon=False,
-    )
-    return fig
 
 
 def cmd_plot(args: argparse.Namespace) -> int:
@@ -108,8 +35,11 @@ def cmd_plot(args: argparse.Namespace) -> int:
     with read_or_fail(label):
         run_ids = resolve_runs(tracker, args.RUN_ID)
         curves = {run_id: read_metrics(tracker, run_id) for run_id in run_ids}
-    metrics = _select(curves, args.metric)
-    fig = draw(curves, metrics)
+    try:
+        metrics = select(curves, args.metric)
+        fig = draw(curves, metrics)
+    except (ValueError, ImportError) as exc:
+        raise CliError(str(exc)) from exc
     try:
         fig.savefig(out, format=fmt, dpi=args.dpi)
     except OSError as exc:

@@ -123,3 +123,18 @@ def test_run_from_env_without_a_job_id_says_once_that_nothing_is_recorded(
     warned = [r for r in caplog.records if "not recorded" in r.getMessage()]
     assert len(warned) == 1 and "TORCHX_JOB_ID" in warned[0].getMessage()
     assert "async_tracker.init" in warned[0].getMessage()
+
+
+def test_plot_returns_a_figure_of_the_runs_curves_after_close(tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    with async_tracker.init("p", dir=str(tmp_path)) as run:
+        for step in range(5):
+            run.log_metrics({"loss": 1.0 / (step + 1), "acc": step / 5}, step=step)
+    fig = run.plot()  # closed: read back from the store
+    titles = [ax.get_title(loc="left") for ax in fig.axes]
+    assert titles == ["loss", "acc"]
+    (line,) = fig.axes[0].get_lines()
+    assert list(line.get_xdata()) == [0, 1, 2, 3, 4]
+    assert [ax.get_title(loc="left") for ax in run.plot(["acc"]).axes] == ["acc"]
+    with pytest.raises(ValueError, match="no metric 'nope'"):
+        run.plot(["nope"])
