@@ -345,12 +345,16 @@ class AppRun:
 
     def _check_metric(
         self, name: object, value: object, step: object
-    ) -> tuple[str, float, int | None]:
+    ) -> tuple[str, Any, int | None]:  # the value: a float or a DeferredValue
         """log_metric's slow path: converts or raises naming the metric; a name not seen
-        before is also checked by every backend's ``validate``, then known."""
+        before is also checked by every backend's ``validate``, then known. A CUDA tensor
+        becomes a DeferredValue, read later on the tracker loop (see tensors.py)."""
         key, number, index = check_metric(name, value, step)
         if key not in self._metric_names:
-            self._validate(TrackerMetric(key, number, index or 0, 0.0))
+            # A deferred value is not known yet: backends check the name (values are all
+            # floats, which the generic checks cover).
+            known = number if type(number) is float else 0.0
+            self._validate(TrackerMetric(key, known, index or 0, 0.0))
             if len(self._metric_names) < MAX_KNOWN_METRIC_NAMES:
                 self._metric_names.add(key)
         return key, number, index
