@@ -118,7 +118,8 @@ def scalar_of(name: str, value: object) -> object:
         if value.is_complex():
             raise TypeError(f"metric {name!r}: a complex tensor is not a real number")
         defer = DEFERRED_DEVICES.get(value.device.type)
-        return value if defer is None else defer(value)
+        # Detached: float() of a tensor that requires grad warns (a value is all we want).
+        return value.detach() if defer is None else defer(value)
     numpy = sys.modules.get("numpy")
     if numpy is not None and isinstance(value, numpy.ndarray):
         if value.size != 1:
