@@ -69,6 +69,7 @@ from async_tracker.report import BackendStatus, FlushReport, TrackerStatus
 from async_tracker.retry import RetryPolicy
 from async_tracker.settings import CLOSE_SLACK_S, OverflowPolicy, RunOptions
 from async_tracker.spool import check_run_id, default_spool_dir, has_spool
+from async_tracker.system_metrics import SystemMetrics
 
 logger = logging.getLogger(__name__)
 
@@ -121,6 +122,8 @@ class AppRun:
         close_timeout: seconds ``close()`` and the exit hook wait at most.
         retry: how each backend's lane retries transient failures.
         strict: ``close()`` raises :class:`DeliveryError` when its report is not ok.
+        system_metrics: seconds between samples of CPU, memory and GPU use, logged under
+            ``system/`` (see :mod:`async_tracker.system_metrics`); None or 0: none.
         clock: the wall clock that stamps records (seconds since the epoch).
     """
 
@@ -139,6 +142,7 @@ class AppRun:
         close_timeout: float | None = None,
         retry: RetryPolicy | None = None,
         strict: bool | None = None,
+        system_metrics: float | None = None,
         clock: Callable[[], float] = time.time,
         options: RunOptions | None = None,
         _backend_names: Sequence[str] | None = None,
@@ -161,6 +165,7 @@ class AppRun:
             "close_timeout": close_timeout,
             "retry": retry,
             "strict": strict,
+            "system_metrics": system_metrics,
         }
         base = options or RunOptions()
         self.options = RunOptions(
@@ -209,12 +214,20 @@ class AppRun:
         if not _backend_names or _owns_backends:
             # Not for the read-only runs _relative() makes: the run they came from said it.
             self._warn_skipped_metrics()
+        # Built before the run is registered anywhere: without psutil it raises here.
+        self._system = (
+            SystemMetrics(self, self.options.system_metrics)
+            if self.options.system_metrics and self._async_backends and not _read_only
+            else None
+        )
         shutdown.register(self)
         if self._async_backends:
             shutdown.install_sigterm_handler()
             # Start the tracker loop now (importing anyio's backend takes tens of ms), so
             # that the first write costs what every other write costs.
             get_flusher()
+            if self._system is not None:
+                self._system.start(get_loop().submit)
             if not _read_only and has_spool(
                 self.options.spool_dir or default_spool_dir(), self.id
             ):
@@ -452,6 +465,8 @@ class AppRun:
     ) -> Callable[[float], FlushReport]:
         """Begins closing and returns a function that waits for the report. Split so that
         the exit hook can close every run at once."""
+        if self._system is not None:
+            self._system.stop()
         with self._start_lock:
             self.closed = True
             self._append = self._extend = self._closed_append
@@ -596,6 +611,7 @@ class AppRun:
         self._ingress.clear()
         self._pipeline = None
         self._close_future = None
+        self._system = None  # the parent samples; its task is not ours to stop
         self._start_lock = threading.RLock()
         if not self.closed and self._async_backends:
             self._append, self._extend = self._first_append, self._first_extend
