@@ -134,7 +134,7 @@ def test_a_dataclass_that_contains_itself_is_refused_as_a_cycle() -> None:
 
     node = Node("a")
     node.parent = node
-    with pytest.raises(ValueError, match="'tree.parent'.*cycle"):
+    with pytest.raises(ValueError, match=r"'tree\.parent'.*cycle"):
         check_metadata({"tree": node})
     ns = argparse.Namespace()
     ns.me = ns

@@ -65,7 +65,7 @@ def test_a_sample_reads_cpu_and_memory_of_this_machine_and_process() -> None:
     names = {n.removeprefix("system/") for n in sample}
     assert set(BASE) <= names and all(n.startswith("system/") for n in sample)
     assert all("rank" not in n for n in sample)
-    assert 0 < sample["system/memory_used_gb"] and 0 < sample["system/memory_percent"] <= 100
+    assert sample["system/memory_used_gb"] > 0 and 0 < sample["system/memory_percent"] <= 100
     assert 0 < sample["system/process_rss_gb"] < sample["system/memory_used_gb"] * 10
     assert 0 <= sample["system/cpu_percent"] <= 100
     assert all(type(v) is float for v in sample.values())

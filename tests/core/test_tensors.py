@@ -295,6 +295,7 @@ def test_cuda_tensors_are_logged_without_a_device_sync(make_run: MakeRun) -> Non
     mem = InMemoryTracker()
     run = make_run("r", [mem])
     x = torch.randn(256, 256, device="cuda")
+    squares = [torch.tensor(float(i**2), device="cuda") for i in range(20)]  # copies sync
     expected = []
     # "error": torch raises on any operation that synchronises the caller with the device.
     torch.cuda.set_sync_debug_mode("error")
@@ -302,7 +303,7 @@ def test_cuda_tensors_are_logged_without_a_device_sync(make_run: MakeRun) -> Non
         for step in range(20):
             x = torch.tanh(x @ x)
             loss = x.mean()
-            run.log_metrics({"loss": loss, "step_sq": torch.tensor(float(step**2), device="cuda")})
+            run.log_metrics({"loss": loss, "step_sq": squares[step]})
             expected.append(loss)
     finally:
         torch.cuda.set_sync_debug_mode("default")
