@@ -90,10 +90,11 @@ def _visible_devices(raw: str | None) -> list[int] | None:
 
 
 class Sampler:
-    """Takes one reading of this machine (and process). Blocking: call it off the loop.
+    """Takes readings of this machine (and process). Blocking: call it off the loop.
 
-    ``psutil`` is required; ``nvml`` is the ``pynvml`` module (found when installed and a
-    driver answers), or a stand-in for tests.
+    ``psutil`` is required (checked at once, on the caller's thread); ``nvml`` is the
+    ``pynvml`` module (found when installed and a driver answers), or a stand-in for tests.
+    The driver is first asked at the first reading, off the caller's thread.
     """
 
     def __init__(self, rank: Rank | None = None, nvml: Any | None = None) -> None:
@@ -105,19 +106,31 @@ class Sampler:
             ) from None
         self.rank = rank or Rank()
         self._psutil = psutil
-        self._process = psutil.Process()
-        # cpu_percent() measures since its previous call: this first call starts the count.
-        psutil.cpu_percent(None)
-        self._process.cpu_percent(None)
-        self._nvml: Any = nvml if nvml is not None else _open_nvml()
+        self._nvml: Any = nvml
+        self._process: Any = None  # set by _open, with the GPUs
         self._gpus: list[tuple[int, Any]] = []
+
+    def _open(self) -> None:
+        if self._process is not None:
+            return
+        self._process = self._psutil.Process()
+        # cpu_percent() measures since its previous call: this first call starts the count.
+        self._psutil.cpu_percent(None)
+        self._process.cpu_percent(None)
+        if self._nvml is None:
+            self._nvml = _open_nvml()
         if self._nvml is not None:
-            count = self._nvml.nvmlDeviceGetCount()
-            self._gpus = [
-                (i, self._nvml.nvmlDeviceGetHandleByIndex(i)) for i in self.rank.gpus(count)
-            ]
+            try:
+                count = self._nvml.nvmlDeviceGetCount()
+                self._gpus = [
+                    (i, self._nvml.nvmlDeviceGetHandleByIndex(i)) for i in self.rank.gpus(count)
+                ]
+            except Exception as exc:  # a driver that answers but fails: CPU and memory only
+                logger.warning("async_tracker: no GPU metrics: %s", exc)
+                self._gpus = []
 
     def gpu_names(self) -> list[str]:
+        self._open()
         names = []
         for _, handle in self._gpus:
             name = self._nvml.nvmlDeviceGetName(handle)
@@ -126,6 +139,7 @@ class Sampler:
 
     def sample(self) -> dict[str, float]:
         """One reading, named with this process's prefix."""
+        self._open()
         ps = self._psutil
         memory = ps.virtual_memory()
         values = {
@@ -219,16 +233,20 @@ class SystemMetrics:
 
     async def serve(self) -> None:
         """Sleeps on the tracker loop, samples in a worker thread; ends when the run does."""
-        if not await run_blocking(self.describe):
+        if not await self._blocking(self.describe):
             return
         while True:
             await self.clock.sleep(self.interval)
-            try:
-                if not await run_blocking(self.log_once):
-                    return
-            except Exception:
-                # A failed reading must not end the sampling (nor anything else).
-                logger.exception("async_tracker: a system metrics sample failed")
+            if not await self._blocking(self.log_once):
+                return
+
+    async def _blocking(self, call: Callable[[], bool]) -> bool:
+        try:
+            return await run_blocking(call)
+        except Exception:
+            # A failed reading (a driver error) must not end the sampling, nor anything else.
+            logger.exception("async_tracker: a system metrics sample failed")
+            return True
 
     def start(self, submit: Callable[..., concurrent.futures.Future[None]]) -> None:
         """Starts :meth:`serve` with ``submit`` (the tracker loop's)."""
