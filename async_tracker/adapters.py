@@ -1,7 +1,7 @@
 """Thin adapters between the blocking and the async backend interfaces.
 
-* :func:`as_async` runs a blocking ``TrackerBase`` in worker threads (behind one process-wide
-  capacity limiter), so that it never blocks the tracker loop. Any object with
+* :func:`as_async` runs a blocking ``TrackerBase`` in the process's worker threads
+  (:mod:`async_tracker.threads`), so that it never blocks the tracker loop. Any object with
   ``TrackerBase``'s eight methods counts as one: torchx's own tracker plug-ins (subclasses of
   ``torchx.tracker.api.TrackerBase``) and duck-typed classes, seen through a
   :class:`ForeignTracker`.
@@ -14,12 +14,8 @@ from __future__ import annotations
 
 import functools
 import inspect
-import os
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from typing import Any, Protocol, TypeVar
-
-import anyio
-import anyio.to_thread
 
 from async_tracker.base import AsyncTrackerBase, CloseReason, TrackerBase, backend_name
 from async_tracker.loop import get_loop
@@ -33,47 +29,9 @@ from async_tracker.records import (
     check_name,
     check_source,
 )
-from async_tracker.settings import DEFAULT_THREAD_LIMIT, DEFAULT_THREADS_PER_BACKEND
+from async_tracker.threads import run_blocking
 
 T = TypeVar("T")
-
-class Threads:
-    """A limit on the worker threads one backend (or the process) runs blocking calls in.
-
-    Each blocking backend has its own, so that calls hung on one dead server cannot starve
-    the others of threads. A call abandoned by a close() deadline gives its token back. The
-    anyio limiter is created on the tracker loop at first use (anyio ties it to a running
-    loop), and anew in a forked child, which inherits the parent's tokens of calls whose
-    threads do not exist there.
-    """
-
-    def __init__(self, size: int) -> None:
-        self.size = size
-        self._limiter: anyio.CapacityLimiter | None = None
-        self._pid = 0
-
-    def limiter(self) -> anyio.CapacityLimiter:
-        if self._limiter is None or self._pid != os.getpid():
-            self._limiter = anyio.CapacityLimiter(self.size)
-            self._pid = os.getpid()
-        return self._limiter
-
-    async def run(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-        """Runs a blocking call in a worker thread. On cancellation (a close() deadline) the
-        thread is abandoned rather than waited for: it may hang forever, the caller must not."""
-        return await anyio.to_thread.run_sync(
-            functools.partial(fn, *args, **kwargs),
-            limiter=self.limiter(),
-            abandon_on_cancel=True,
-        )
-
-
-_shared_threads = Threads(DEFAULT_THREAD_LIMIT)
-
-
-async def run_blocking(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-    """Runs a blocking call in a worker thread behind the process-wide limit."""
-    return await _shared_threads.run(fn, *args, **kwargs)
 
 
 class ThreadedTracker(AsyncTrackerBase):
@@ -86,7 +44,13 @@ class ThreadedTracker(AsyncTrackerBase):
     def __init__(self, tracker: TrackerBase) -> None:
         self.tracker = tracker
         self.name = backend_name(tracker)
-        self._threads = Threads(DEFAULT_THREADS_PER_BACKEND)
+        # What it talks to is unknown: each backend object is an endpoint of its own (shared
+        # by the runs it serves), so that a hung one holds at most its share of the threads.
+        # An id is not reused while a call holds a slot: the call holds the object.
+        self.endpoint = f"{type(tracker).__qualname__}@{id(tracker):#x}"
+
+    async def _run(self, fn: Callable[..., T], *args: Any) -> T:
+        return await run_blocking(fn, *args, endpoint=self.endpoint)
 
     @property
     def supports_metrics(self) -> bool:
@@ -97,46 +61,46 @@ class ThreadedTracker(AsyncTrackerBase):
     async def add_artifact(
         self, run_id: str, name: str, path: str, metadata: Mapping[str, object] | None = None
     ) -> None:
-        await self._threads.run(self.tracker.add_artifact, run_id, name, path, metadata)
+        await self._run(self.tracker.add_artifact, run_id, name, path, metadata)
 
     async def artifacts(self, run_id: str) -> Mapping[str, TrackerArtifact]:
-        return await self._threads.run(self.tracker.artifacts, run_id)
+        return await self._run(self.tracker.artifacts, run_id)
 
     async def add_metadata(self, run_id: str, **kwargs: object) -> None:
-        await self._threads.run(self.tracker.add_metadata, run_id, **kwargs)
+        await self._run(functools.partial(self.tracker.add_metadata, run_id, **kwargs))
 
     async def metadata(self, run_id: str) -> Mapping[str, object]:
-        return await self._threads.run(self.tracker.metadata, run_id)
+        return await self._run(self.tracker.metadata, run_id)
 
     async def add_source(
         self, run_id: str, source_id: str, artifact_name: str | None = None
     ) -> None:
-        await self._threads.run(self.tracker.add_source, run_id, source_id, artifact_name)
+        await self._run(self.tracker.add_source, run_id, source_id, artifact_name)
 
     async def sources(
         self, run_id: str, artifact_name: str | None = None
     ) -> Iterable[TrackerSource]:
-        return await self._threads.run(lambda: list(self.tracker.sources(run_id, artifact_name)))
+        return await self._run(lambda: list(self.tracker.sources(run_id, artifact_name)))
 
     async def lineage(self, run_id: str) -> Lineage:
-        return await self._threads.run(self.tracker.lineage, run_id)
+        return await self._run(self.tracker.lineage, run_id)
 
     async def run_ids(self, **kwargs: str) -> Iterable[str]:
-        return await self._threads.run(lambda: list(self.tracker.run_ids(**kwargs)))
+        return await self._run(lambda: list(self.tracker.run_ids(**kwargs)))
 
     async def add_metrics(self, run_id: str, metrics: Sequence[TrackerMetric]) -> None:
         if self.supports_metrics:
-            await self._threads.run(self.tracker.add_metrics, run_id, metrics)  # type: ignore[attr-defined]
+            await self._run(self.tracker.add_metrics, run_id, metrics)  # type: ignore[attr-defined]
 
     async def metrics(self, run_id: str) -> Mapping[str, Sequence[TrackerMetric]]:
         if not self.supports_metrics:
             return {}
-        return await self._threads.run(self.tracker.metrics, run_id)  # type: ignore[attr-defined]
+        return await self._run(self.tracker.metrics, run_id)  # type: ignore[attr-defined]
 
     async def aclose(self, reason: CloseReason = "finished") -> None:
         close = getattr(self.tracker, "close", None)
         if callable(close):
-            await self._threads.run(close)
+            await self._run(close)
 
     def __repr__(self) -> str:
         return f"as_async({self.tracker!r})"

@@ -27,6 +27,7 @@ nothing.
 
 from __future__ import annotations
 
+import gc
 import itertools
 import struct
 import sys
@@ -246,12 +247,28 @@ _PACKED_WRITES = frozenset({Packed.append.__code__, Packed.extend.__code__})
 SWAP_WAIT_S = 0.1
 
 
+def _current_frames() -> dict[int, Any]:
+    """``sys._current_frames()`` with the garbage collector off meanwhile. On CPython 3.11 and
+    before, a collection inside it can deadlock the process: it holds the interpreter's
+    thread-list lock while it allocates, and a finalizer run by the collection (a
+    ``threading.local`` freed) takes the same lock (CPython issue gh-106883, not fixed in
+    3.11). Re-enabled only if it was on: a user who turned the collector off keeps it off."""
+    enabled = gc.isenabled()
+    if enabled:
+        gc.disable()
+    try:
+        return sys._current_frames()
+    finally:
+        if enabled:
+            gc.enable()
+
+
 def writers_inside(codes: Collection[CodeType]) -> int:
     """How many threads other than this one are running one of ``codes`` (anywhere on their
     stack). ``sys._current_frames`` takes the snapshot under the GIL: it is consistent."""
     me = threading.get_ident()
     busy = 0
-    for ident, frame in sys._current_frames().items():
+    for ident, frame in _current_frames().items():
         if ident == me:
             # This thread may be a signal handler that interrupted a write of its own: that
             # write resumes only after we return, so waiting for it would wait forever.

@@ -32,10 +32,13 @@ CLOSE_SLACK_S = 0.5
 SPOOL_GRACE_S = 0.25
 # How long SIGTERM waits for a flush before the previous handler runs.
 DEFAULT_SIGTERM_GRACE_S = 5.0
-# Worker threads running blocking calls at once: per blocking backend, and for the rest of
-# the process (run_blocking).
-DEFAULT_THREADS_PER_BACKEND = 4
+# Worker threads for blocking calls (async_tracker/threads.py), shared by the process: at most
+# ASYNC_TRACKER_THREADS in all, and ASYNC_TRACKER_THREADS_PER_ENDPOINT calls of one endpoint (a
+# filesystem root, a tracking server) at once, so that one dead server holds at most that many.
+# Past the cap, calls wait for a thread in call order. An idle thread ends after THREAD_IDLE_S.
 DEFAULT_THREAD_LIMIT = 16
+DEFAULT_THREADS_PER_ENDPOINT = 4
+THREAD_IDLE_S = 10.0
 
 ENV_PREFIX = "ASYNC_TRACKER_"
 
@@ -126,3 +129,16 @@ def env_float(name: str, default: float) -> float:
         return float(raw)
     except ValueError:
         raise ValueError(f"{ENV_PREFIX}{name}={raw!r} is not a number of seconds") from None
+
+
+def env_int(name: str, default: int, minimum: int = 1) -> int:
+    raw = os.environ.get(ENV_PREFIX + name)
+    if not raw:
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        value = minimum - 1
+    if value < minimum:
+        raise ValueError(f"{ENV_PREFIX}{name}={raw!r} is not a whole number >= {minimum}")
+    return value

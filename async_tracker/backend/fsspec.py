@@ -49,6 +49,7 @@ from __future__ import annotations
 import asyncio
 import binascii
 import contextlib
+import functools
 import hashlib
 import itertools
 import json
@@ -65,11 +66,12 @@ from base64 import b32decode, b32encode
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, TypeVar
 
+import anyio
 import fsspec
 import fsspec.core
 from fsspec.implementations.local import LocalFileSystem
 
-from async_tracker.adapters import SyncTracker, Threads
+from async_tracker.adapters import SyncTracker
 from async_tracker.backend.errors import (
     chain,
     errno_error,
@@ -86,6 +88,7 @@ from async_tracker.errors import (
     TrackerConfigError,
     TransientBackendError,
 )
+from async_tracker.loop import wait_future
 from async_tracker.records import (
     Batch,
     Lineage,
@@ -94,7 +97,7 @@ from async_tracker.records import (
     TrackerSource,
     sort_points,
 )
-from async_tracker.settings import DEFAULT_THREADS_PER_BACKEND
+from async_tracker.threads import run_blocking
 
 if sys.version_info < (3, 11):  # pragma: no cover - 3.10
     from exceptiongroup import BaseExceptionGroup
@@ -291,12 +294,12 @@ class _Storage:
     behind the process-wide limiter. Either way the tracker loop itself never blocks on I/O.
     """
 
-    def __init__(self, fs: fsspec.AbstractFileSystem) -> None:
+    def __init__(self, fs: fsspec.AbstractFileSystem, endpoint: str) -> None:
         self.fs = fs
         self.is_async = bool(getattr(fs, "async_impl", False)) and not getattr(
             fs, "asynchronous", False
         )
-        self._threads = Threads(DEFAULT_THREADS_PER_BACKEND)
+        self.endpoint = endpoint  # whose limit its worker threads count against
         # Only filesystems with an atomic rename stage files; an object store PUT is atomic.
         self.stages = isinstance(fs, LocalFileSystem)
 
@@ -304,8 +307,9 @@ class _Storage:
         if self.is_async:
             coro = getattr(self.fs, "_" + name)(*args, **kwargs)
             future = asyncio.run_coroutine_threadsafe(coro, self.fs.loop)
-            return await asyncio.wrap_future(future)
-        return await self._threads.run(getattr(self.fs, name), *args, **kwargs)
+            return await wait_future(future)  # from any event loop (asyncio, trio)
+        call = functools.partial(getattr(self.fs, name), *args, **kwargs)
+        return await run_blocking(call, endpoint=self.endpoint)
 
     async def put(self, path: str, data: bytes, stage_dir: str) -> None:
         await self.put_many({path: data}, stage_dir)
@@ -320,7 +324,7 @@ class _Storage:
         else:
             # One worker-thread call for them all: the thread hop costs more than a small
             # local write.
-            await self._threads.run(self._put_many_sync, files, stage_dir)
+            await run_blocking(self._put_many_sync, files, stage_dir, endpoint=self.endpoint)
 
     async def _pipe(self, path: str, data: bytes) -> None:
         with _mapped(f"write of {path}"):
@@ -383,7 +387,7 @@ class _Storage:
         if not paths:
             return
         if not self.is_async:
-            await self._threads.run(self._rm_many_sync, paths)
+            await run_blocking(self._rm_many_sync, paths, endpoint=self.endpoint)
             return
         await _gather_bounded([self.rm(path) for path in paths])
 
@@ -411,18 +415,25 @@ class NotADirectory(Exception):
 async def _gather_bounded(awaitables: Sequence[Awaitable[T]]) -> list[T]:
     """The results of ``awaitables``, at most :data:`MAX_CONCURRENT_FILES` in flight: reads
     of a run's files overlap (one round trip each on object stores), without opening
-    hundreds of connections at once. Every one ends before an error is raised."""
-    semaphore = asyncio.Semaphore(MAX_CONCURRENT_FILES)
+    hundreds of connections at once. Every one ends before an error is raised (the first by
+    position). anyio, not asyncio.gather: a backend called directly from trio code works."""
+    limiter = anyio.CapacityLimiter(MAX_CONCURRENT_FILES)
+    results: list[Any] = [None] * len(awaitables)
+    errors: dict[int, Exception] = {}
 
-    async def one(aw: Awaitable[T]) -> T:
-        async with semaphore:
-            return await aw
+    async def one(i: int, aw: Awaitable[T]) -> None:
+        async with limiter:
+            try:
+                results[i] = await aw
+            except Exception as exc:
+                errors[i] = exc
 
-    results = await asyncio.gather(*(one(aw) for aw in awaitables), return_exceptions=True)
-    for result in results:
-        if isinstance(result, BaseException):
-            raise result
-    return results  # type: ignore[return-value]
+    async with anyio.create_task_group() as tg:
+        for i, aw in enumerate(awaitables):
+            tg.start_soon(one, i, aw)
+    if errors:
+        raise errors[min(errors)]
+    return results
 
 
 class AsyncFsspecTracker(AsyncTrackerBase):
@@ -439,7 +450,7 @@ class AsyncFsspecTracker(AsyncTrackerBase):
     def __init__(self, fs: fsspec.AbstractFileSystem, root_dir: str) -> None:
         self.fs = fs
         self.root_dir = fs._strip_protocol(root_dir).rstrip("/") or "/"
-        self._storage = _Storage(fs)
+        self._storage = _Storage(fs, fs.unstrip_protocol(self.root_dir))
 
     def _run_dir(self, run_id: str) -> str:
         return posixpath.join(self.root_dir, encode_run_id(run_id))
@@ -688,8 +699,8 @@ class AsyncFsspecTracker(AsyncTrackerBase):
     ) -> list[TrackerSource]:
         """The edges in the files of ``categories`` (each file: a run id in its name, artifact
         names in its lines), each edge once, in the order first found."""
-        groups = await asyncio.gather(
-            *(self._parsed(self._path(run_id, c), _parse_edges, skipped) for c in categories)
+        groups = await _gather_bounded(
+            [self._parsed(self._path(run_id, c), _parse_edges, skipped) for c in categories]
         )
         seen: dict[tuple[str, str | None], TrackerSource] = {}
         for group in groups:

@@ -2,7 +2,7 @@
 
 * :class:`AsyncMLflowTracker` is the ``AsyncTrackerBase``. Every ``MlflowClient`` call is
   blocking, so each runs in a worker thread through
-  :func:`async_tracker.adapters.run_blocking` (behind the process-wide limiter): the tracker
+  :func:`async_tracker.threads.run_blocking` (its tracking URI is the endpoint): the tracker
   loop never waits on the network.
 * :class:`MLflowTracker` is its blocking twin, with torchx's constructor
   ``MLflowTracker(experiment_name=None, tracking_uri=..., artifact_location=None)`` plus
@@ -73,7 +73,7 @@ except ImportError as _exc:  # pragma: no cover - depends on the environment
         "pip install 'async-tracker[mlflow]'"
     ) from _exc
 
-from async_tracker.adapters import SyncTracker, run_blocking
+from async_tracker.adapters import SyncTracker
 from async_tracker.backend.errors import (
     chain,
     http_status,
@@ -103,6 +103,7 @@ from async_tracker.records import (
     sort_points,
 )
 from async_tracker.shutdown import exiting_on_exception
+from async_tracker.threads import run_blocking
 
 __all__ = [
     "DEFAULT_TRACKING_DIR",
@@ -580,7 +581,7 @@ class AsyncMLflowTracker(AsyncTrackerBase):
             except Exception as exc:
                 raise map_error(exc, what) from exc
 
-        return await run_blocking(call)
+        return await run_blocking(call, endpoint=self.tracking_uri)
 
     def _client_sync(self) -> Any:
         return self._client

@@ -50,10 +50,11 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any, TypeVar
 
-from async_tracker.adapters import SyncTracker, run_blocking
+from async_tracker.adapters import SyncTracker
 from async_tracker.backend.errors import errno_error, map_group
 from async_tracker.base import AsyncTrackerBase, Checked, CloseReason
 from async_tracker.errors import (
@@ -71,6 +72,7 @@ from async_tracker.records import (
     TrackerSource,
     sort_points,
 )
+from async_tracker.threads import run_blocking
 
 try:
     import numpy as np  # a dependency of tensorboard
@@ -101,6 +103,8 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 SIDE_DIR = ".async_tracker"
 RUN_FILE = "run.json"
@@ -276,7 +280,8 @@ class AsyncTensorBoardTracker(AsyncTrackerBase):
             run.log_metric("loss", 0.5, step=1)
         # tensorboard --logdir /data/tb
 
-    Blocking file I/O runs in worker threads (:func:`~async_tracker.adapters.run_blocking`).
+    Blocking file I/O runs in worker threads (:func:`~async_tracker.threads.run_blocking`,
+    the folder as its endpoint).
     """
 
     name = "tensorboard"
@@ -290,6 +295,9 @@ class AsyncTensorBoardTracker(AsyncTrackerBase):
 
     def __repr__(self) -> str:
         return f"AsyncTensorBoardTracker({self.root_dir!r})"
+
+    async def _blocking(self, fn: Callable[..., T], *args: Any) -> T:
+        return await run_blocking(fn, *args, endpoint=f"file://{self.root_dir}")
 
     def logdir(self, run_id: str) -> str:
         """The log directory of ``run_id``."""
@@ -340,7 +348,7 @@ class AsyncTensorBoardTracker(AsyncTrackerBase):
         wrote to it, and forgets its event file."""
         state = self._runs.pop(run_id, None)
         if state is not None and state.pid == os.getpid():
-            await run_blocking(self._write_status, run_id, state, reason)
+            await self._blocking(self._write_status, run_id, state, reason)
 
     async def aclose(self, reason: CloseReason = "finished") -> None:
         """Ends every run this process wrote to and has not ended (see :meth:`end_run`).
@@ -350,7 +358,7 @@ class AsyncTensorBoardTracker(AsyncTrackerBase):
 
     async def run_status(self, run_id: str) -> str | None:
         """How the run ended (``finished``, ``failed``, ``killed``), None while running."""
-        records = await run_blocking(self._read_records, run_id)
+        records = await self._blocking(self._read_records, run_id)
         return records.status
 
     # -- writes ---------------------------------------------------------------------------------
@@ -358,7 +366,7 @@ class AsyncTensorBoardTracker(AsyncTrackerBase):
         """Stores one flush: a side file for its metadata, artifacts and sources (and one in
         each parent's folder), then one append of its scalars and text summaries."""
         try:
-            await run_blocking(self._write_batch, run_id, batch)
+            await self._blocking(self._write_batch, run_id, batch)
         except Exception as exc:
             raise map_error(exc, f"write of run {run_id!r}") from exc
 
@@ -474,30 +482,30 @@ class AsyncTensorBoardTracker(AsyncTrackerBase):
 
     # -- reads ----------------------------------------------------------------------------------
     async def metadata(self, run_id: str) -> Mapping[str, object]:
-        return (await run_blocking(self._read_records, run_id)).metadata
+        return (await self._blocking(self._read_records, run_id)).metadata
 
     async def artifacts(self, run_id: str) -> Mapping[str, TrackerArtifact]:
-        return (await run_blocking(self._read_records, run_id)).artifacts
+        return (await self._blocking(self._read_records, run_id)).artifacts
 
     async def sources(
         self, run_id: str, artifact_name: str | None = None
     ) -> Iterable[TrackerSource]:
-        found = (await run_blocking(self._read_records, run_id)).sources
+        found = (await self._blocking(self._read_records, run_id)).sources
         return [s for s in found if artifact_name is None or s.artifact_name == artifact_name]
 
     async def lineage(self, run_id: str) -> Lineage:
-        records = await run_blocking(self._read_records, run_id)
+        records = await self._blocking(self._read_records, run_id)
         return Lineage(run_id, parents=records.sources, descendants=records.descendants)
 
     async def run_ids(self, **kwargs: str) -> Iterable[str]:
         parent = kwargs.get("parent_run_id")
         if parent is not None:
-            records = await run_blocking(self._read_records, parent)
+            records = await self._blocking(self._read_records, parent)
             return list(dict.fromkeys(d.source_run_id for d in records.descendants))
-        return await run_blocking(self._list_runs)
+        return await self._blocking(self._list_runs)
 
     async def metrics(self, run_id: str) -> Mapping[str, Sequence[TrackerMetric]]:
-        return await run_blocking(self._read_metrics, run_id)
+        return await self._blocking(self._read_metrics, run_id)
 
     def _read_records(self, run_id: str) -> _Records:
         side = os.path.join(self.logdir(run_id), SIDE_DIR)

@@ -19,6 +19,7 @@ from async_tracker.loop import TrackerLoop, get_loop
 from async_tracker.pipeline.run_pipeline import PACKED_PAUSE_S, RunPipeline
 from async_tracker.settings import DEFAULT_WAKE_INTERVAL_S
 from async_tracker.spool.io import thread_io
+from async_tracker.threads import thread_pool
 
 logger = logging.getLogger(__name__)
 
@@ -31,9 +32,10 @@ class Flusher:
         self.runs: set[RunPipeline] = set()
         self._tg: anyio.abc.TaskGroup | None = None
         self._has_runs: anyio.Event | None = None  # created on the loop, by _serve
-        # Started now, not when first needed: the exit path may need it, and Python 3.12
+        # Started now, not when first needed: the exit path may need them, and Python 3.12
         # refuses to start threads at interpreter shutdown.
         thread_io.start()
+        thread_pool().start()
         ready = threading.Event()
         loop.submit(self._serve, ready)
         # Wait for the task group, so that add() never has to: submitted tasks then run in

@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+import tomllib
 
 from async_tracker import AppRun
 from tests.core.helpers import REPO, python_env
@@ -40,11 +42,17 @@ def clean_env(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
 def torchx_tracker_python(torchx_python: Path) -> Path:
     """torchx's venv, with async_tracker's light dependencies added (async_tracker itself
     comes from this checkout through PYTHONPATH). fsspec and filelock are torchx's too."""
-    if subprocess.run([str(torchx_python), "-c", "import anyio, tenacity"]).returncode:
+    # Our dependencies as pyproject.toml lists them (names only: the pins are constraints').
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    # Those with an environment marker may not apply to that venv: pip decides.
+    unmarked = [dep for dep in project["dependencies"] if ";" not in dep]
+    wanted = [re.split(r"[<>=!\[ ]", dep, maxsplit=1)[0] for dep in unmarked]
+    check = "import importlib.metadata as m, sys; [m.version(n) for n in sys.argv[1:]]"
+    if subprocess.run([str(torchx_python), "-c", check, *wanted]).returncode:
         subprocess.run(
             [
                 str(torchx_python), "-m", "pip", "install", "-q",
-                "-c", str(REPO / "constraints.txt"), "anyio", "tenacity",
+                "-c", str(REPO / "constraints.txt"), *project["dependencies"],
             ],
             check=True,
         )
