@@ -2,7 +2,7 @@
 
 ``AppRun(..., system_metrics=10.0)`` (or ``ASYNC_TRACKER_SYSTEM_METRICS=10``) samples every 10
 seconds. The readings are blocking calls (psutil reads ``/proc``, NVML asks the driver), so
-they run in a worker thread (:func:`~async_tracker.adapters.run_blocking`) between sleeps on
+they run in a worker thread (:func:`~async_tracker.threads.run_blocking`) between sleeps on
 the tracker loop: neither the training loop nor the flusher waits for them. Each sample is
 one ``log_metrics`` call; steps count samples.
 
@@ -33,13 +33,15 @@ import socket
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from async_tracker.adapters import run_blocking
 from async_tracker.clock import Clock
 from async_tracker.errors import TrackerClosedError
+from async_tracker.threads import run_blocking
 
 logger = logging.getLogger(__name__)
 
 GB = 1e9
+# What the readings talk to, for the worker threads' limits (async_tracker.threads).
+ENDPOINT = "system metrics (psutil, NVML)"
 
 
 class Rank:
@@ -242,7 +244,9 @@ class SystemMetrics:
 
     async def _blocking(self, call: Callable[[], bool]) -> bool:
         try:
-            return await run_blocking(call)
+            # An endpoint of its own: a driver call that hangs holds one thread, and takes no
+            # share of a backend's.
+            return await run_blocking(call, endpoint=ENDPOINT)
         except Exception:
             # A failed reading (a driver error) must not end the sampling, nor anything else.
             logger.exception("async_tracker: a system metrics sample failed")
