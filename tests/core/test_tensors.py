@@ -187,8 +187,9 @@ def test_device_values_keep_their_place_in_the_order_of_every_record(
     run.log_metrics({"loss": torch.tensor(3.0), "lr": 0.1})  # step 2, a second device value
     report = run.flush(timeout=0.2)
     assert report.timed_out and report.pending == 5
-    # Only what came before the first value still on its device is delivered.
-    assert backend_metadata(mem, "r") == {"phase": "warmup"}
+    # Nothing from the first value still on its device on is delivered (what came before
+    # it may be, or be on its way).
+    assert backend_metadata(mem, "r") in ({}, {"phase": "warmup"})
     assert mem.points("r", "loss") == []
     device_events[1].done.set()  # the later value is ready first: still nothing moves
     assert run.flush(timeout=0.2).pending == 5
