@@ -9,7 +9,9 @@ gives each record its place in the run's order (see :mod:`async_tracker.pipeline
 Record shapes (tuples keep the append cheap; the cutter tells them apart by length):
 
 * metric: ``(name, value, step_or_None, timestamp)``
-* other:  ``(kind, payload)`` with kind one of ``METADATA``, ``ARTIFACT``, ``SOURCE``.
+* other:  ``(kind, payload)`` with kind one of ``METADATA``, ``ARTIFACT``, ``SOURCE``; the
+  payload of metadata is ``(values, time_ns)``: the call's time orders writes of a key across
+  processes.
 
 While a run is overloaded (more than half its ``max_buffered`` in memory, under the default
 ``spool`` policy), writes go to :class:`Packed` instead: 28 bytes a point rather than about

@@ -94,6 +94,9 @@ class Batch:
     names: dict[str, str] = field(default_factory=dict)
     first: int = 0
     key: str = ""
+    # When each metadata key was written (ns since the epoch, the call's time): backends that
+    # many processes write to order a key's writes by it.
+    metadata_ns: dict[str, int] = field(default_factory=dict)
 
     def for_lane(self) -> Batch:
         """A copy sharing the (read-only) data, with its own progress."""
@@ -106,6 +109,7 @@ class Batch:
             self.records,
             first=self.first,
             key=self.key,
+            metadata_ns=self.metadata_ns,
         )
 
     def is_empty(self) -> bool:

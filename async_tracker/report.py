@@ -85,8 +85,17 @@ class FlushReport:
             shed=sum(s.shed for s in b),
             blocked_writes=status.blocked_writes,
             blocked_s=status.blocked_s,
+            # A lane still retrying when a close timed out is healthy on paper (its retries
+            # never ran out): its last error is why its records were not delivered.
             errors={
-                s.name: s.last_error for s in b if s.last_error and (s.dropped or not s.healthy)
+                s.name: s.last_error
+                for s in b
+                if s.last_error
+                and (
+                    s.dropped
+                    or not s.healthy
+                    or (timed_out and (s.buffered or s.in_flight or s.spooled))
+                )
             },
             spool_paths={s.name: s.spool_path for s in b if s.spool_path and s.spooled},
             timed_out=timed_out,

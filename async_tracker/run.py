@@ -299,7 +299,7 @@ class AppRun:
         Values must be JSON data (dict, list, str, int, float, bool, None)."""
         metadata = check_metadata(kwargs)
         self._validate(metadata)
-        self._append((METADATA, metadata))
+        self._append((METADATA, (metadata, int(self._clock() * 1_000_000_000))))
 
     def add_artifact(
         self, name: str, path: str, metadata: Mapping[str, object] | None = None

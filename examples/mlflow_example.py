@@ -6,8 +6,9 @@ Run it from the repository root (needs the mlflow extra):
 
 It starts `mlflow server` on 127.0.0.1 with a SQLite store under --dir, writes the
 `[tracker:mlflow]` section a torchx job would use, logs the job's config as MLflow params and
-its metrics through an AppRun (the loop never waits for the server), ends the run FINISHED,
-reads it back with MLflow's own client, and stops the server. Against a real server, the
+its metrics and a checkpoint file through an AppRun (the loop never waits for the server; the
+file is uploaded to the run's artifacts), ends the run FINISHED as the run closes, reads it
+back with MLflow's own client, and stops the server. Against a real server, the
 config's tracking_uri is all that changes.
 """
 
@@ -111,9 +112,12 @@ def main() -> None:
                 loss *= 0.998
                 # Returns at once: points reach MLflow in log_batch requests of 1000.
                 run.log_metrics({"loss": loss, "acc": 1 - math.exp(-step / 400)}, step=step)
-            run.add_artifact("checkpoint", f"/checkpoints/step-{args.steps - 1}.pt")
-        print(f"run {run_id}: {run.close()}")  # closed by the with block: its report
-        tracker.close()  # ends the MLflow run FINISHED (FAILED if we were failing)
+            checkpoint = root / f"step-{args.steps - 1}.pt"
+            checkpoint.write_bytes(b"weights")
+            run.add_artifact("checkpoint", str(checkpoint))  # a local file: uploaded
+        # The with block closed the run and ended the MLflow run: FINISHED (FAILED had the
+        # block raised). Here is its report:
+        print(f"run {run_id}: {run.close()}")
 
         # Read back with MLflow's own client.
         client = MlflowClient(url)
@@ -124,6 +128,8 @@ def main() -> None:
         print(f"  loss: {len(history)} points, last {history[-1].value:.4f}")
         print(f"  metadata: {dict(tracker.metadata(run_id))}")
         print(f"  artifacts: {list(tracker.artifacts(run_id))}")
+        uploaded = client.list_artifacts(mlrun.info.run_id, "checkpoint")
+        print(f"  uploaded: {[f.path for f in uploaded]}")
         print(f"  UI: {url}/#/experiments/{mlrun.info.experiment_id}/runs/{mlrun.info.run_id}")
 
 

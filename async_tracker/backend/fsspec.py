@@ -503,7 +503,7 @@ class AsyncFsspecTracker(AsyncTrackerBase):
     async def _write_batch(self, run_id: str, batch: Batch) -> None:
         if batch.metadata and "metadata" not in batch.done:
             tag = batch.key or batch.names.setdefault("metadata", _names.new())
-            await self._write_metadata(run_id, batch.metadata, tag)
+            await self._write_metadata(run_id, batch.metadata, tag, batch.metadata_ns)
             batch.done.add("metadata")
         for art in batch.artifacts.values():
             part = f"artifact:{art.name}"
@@ -519,14 +519,24 @@ class AsyncFsspecTracker(AsyncTrackerBase):
             await self._write_segment(run_id, batch.metrics, batch.names, batch.key)
             batch.done.add("metrics")
 
-    async def _write_metadata(self, run_id: str, metadata: Mapping[str, object], tag: str) -> None:
-        """One file per key, named ``<tag>-<position>-<digest of the key>``: the tag starts
-        with the time the batch was cut, which orders the writes of a key across processes."""
+    async def _write_metadata(
+        self,
+        run_id: str,
+        metadata: Mapping[str, object],
+        tag: str,
+        times: Mapping[str, int] | None = None,
+    ) -> None:
+        """One file per key, named ``<time>-<rest of tag>-<position>-<digest of the key>``.
+        The time, which orders the writes of a key across processes, is when the key was
+        written (``times``, from the call) where known, else the tag's own (when the batch
+        was cut)."""
         directory = self._path(run_id, METADATA_DIR)
         files: dict[str, bytes] = {}
         # The position in the name keeps the keys of one call in call order for readers.
         for position, (key, value) in enumerate(metadata.items()):
-            path = posixpath.join(directory, f"{tag}-{position:06d}-{_digest(key)}")
+            stamp = (times or {}).get(key)
+            key_tag = f"{stamp:019d}{tag[19:]}" if stamp is not None and tag[:19].isdigit() else tag
+            path = posixpath.join(directory, f"{key_tag}-{position:06d}-{_digest(key)}")
             files[path] = _encode_json({"metadata": {key: value}}, path)
         await self._storage.put_many(files, self._path(run_id, TMP_DIR))
         await self._remove_superseded(directory)

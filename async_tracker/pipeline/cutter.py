@@ -114,7 +114,9 @@ class Cutter:
                 continue
             kind, payload = rec
             if kind is METADATA:
-                metadata.update(payload)
+                values, ns = payload
+                metadata.update(values)
+                batch.metadata_ns.update(dict.fromkeys(values, ns))
             elif kind is ARTIFACT:
                 art: TrackerArtifact = payload
                 artifacts.pop(art.name, None)  # keep the order of last writes
@@ -149,6 +151,8 @@ def split(batch: Batch) -> list[Batch]:
         for name, value in batch.metadata.items():
             if lo <= k < hi:
                 part.metadata[name] = value
+                if name in batch.metadata_ns:
+                    part.metadata_ns[name] = batch.metadata_ns[name]
             k += 1
         for name, art in batch.artifacts.items():
             if lo <= k < hi:

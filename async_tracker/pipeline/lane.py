@@ -111,7 +111,7 @@ class Lane:
         self.memory_limit = memory_limit
         self.overflow = overflow
         self.segment_records = segment_records
-        self.rng = rng or random.Random()
+        self.rng = rng or random.Random()  # the run's (shared by its lanes), or one of its own
         self.takes_metrics = backend.supports_metrics
         self.log: deque[Entry] = deque()
         # Counters, in records. Every record put in the lane is in exactly one of: memory

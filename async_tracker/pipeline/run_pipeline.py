@@ -48,6 +48,10 @@ PACKED_PAUSE_S = 0.005
 PACKED_STALL_ROUNDS = 40
 
 
+# The jitter of retries in runs given no generator of their own.
+JITTER = random.Random()
+
+
 class RunPipeline:
     """The loop-side state of one run: its ingress, its numbering and its lanes."""
 
@@ -75,7 +79,10 @@ class RunPipeline:
         self.cutter = Cutter(self.token)
         self.cutter.last_step.update(last_steps or {})  # a resumed run goes on from its steps
         spool_dir = Path(options.spool_dir) if options.spool_dir else default_spool_dir()
-        rng = rng or random.Random()
+        # Retry jitter needs no generator of its own per lane (2.5 KB each: an orchestrator
+        # may hold thousands of runs): the lanes of a run share one, and runs without a
+        # seeded one (the simulator's) share the process's.
+        rng = rng or JITTER
         self.lanes = [
             Lane(
                 run_id,
@@ -90,7 +97,7 @@ class RunPipeline:
                 else options.max_buffered,
                 overflow=options.overflow,
                 segment_records=max(1, options.max_buffered // 2),
-                rng=random.Random(rng.random()),
+                rng=rng,
             )
             for name, backend in backends
         ]

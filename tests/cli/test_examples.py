@@ -78,4 +78,42 @@ def test_mlflow_example(isolated: Path) -> None:
     assert abs(last - 2.5 * 0.998**300) < 1e-4
     assert "metadata: {'dataset': 'synthetic', 'seed': 0}" in out
     assert "artifacts: ['checkpoint']" in out
+    assert "uploaded: ['checkpoint/step-299.pt']" in out  # the local file, in MLflow
     assert "'optimizer.lr': '0.0003'" in out  # the nested config, flattened into params
+
+
+@pytest.mark.server  # needs the lightning extra
+def test_lightning_example(isolated: Path) -> None:
+    pytest.importorskip("lightning")
+    out = run_example("lightning_mnist_like.py", "--dir", "runs", "--epochs", "2", cwd=isolated)
+    run_id = out.split("$ async-tracker list metadata ", 1)[1].splitlines()[0]
+    assert run_id.startswith("mnist-like/")
+    assert f"run {run_id}: val_acc " in out
+    metadata = out.split("$ async-tracker list artifacts", 1)[0]
+    assert "hidden" in metadata and "0.05" in metadata  # the hyperparameters
+    artifacts = out.split("$ async-tracker list artifacts", 1)[1].split("$ async-tracker", 1)[0]
+    assert "checkpoint/best" in artifacts and "last.ckpt" in artifacts
+    metrics = out.split("$ async-tracker list metrics", 1)[1].split("$ async-tracker", 1)[0]
+    rows = {line.split()[0]: line.split() for line in metrics.splitlines()[3:] if line}
+    assert rows["val_acc"][-2] == "2"  # COUNT: one per epoch
+    assert {"train_loss", "train_acc", "val_loss"} <= set(rows)
+    if importlib.util.find_spec("matplotlib") is not None:
+        assert (isolated / "runs" / "lightning_curves.png").read_bytes().startswith(b"\x89PNG")
+
+
+@pytest.mark.server  # needs the transformers extra
+def test_hf_trainer_example(isolated: Path) -> None:
+    for module in ("transformers", "accelerate"):
+        pytest.importorskip(module)
+    out = run_example("hf_trainer.py", "--dir", "runs", "--steps", "40", cwd=isolated)
+    run_id = out.split("$ async-tracker list artifacts ", 1)[1].splitlines()[0]
+    assert run_id.startswith("hf-trainer/")
+    artifacts = out.split("$ async-tracker list artifacts", 1)[1].split("$ async-tracker", 1)[0]
+    assert str(isolated / "runs" / "hf" / "checkpoint-40") in artifacts
+    metrics = out.split("$ async-tracker list metrics", 1)[1].split("$ async-tracker", 1)[0]
+    rows = {line.split()[0]: line.split() for line in metrics.splitlines()[3:] if line}
+    assert rows["loss"][-2:] == ["4", "40"]  # COUNT, LAST STEP: logged every 10 steps
+    assert rows["eval_loss"][-2:] == ["1", "40"]
+    assert f"async-tracker list metadata {run_id}" in out
+    if importlib.util.find_spec("matplotlib") is not None:
+        assert (isolated / "runs" / "hf_curves.png").read_bytes().startswith(b"\x89PNG")

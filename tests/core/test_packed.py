@@ -63,7 +63,7 @@ def test_a_step_less_point_or_another_record_leaves_the_columns_to_take() -> Non
     assert packed.take_columns(10) is None and len(packed) == 2  # nothing taken
     packed.take(10)
     packed.append(("loss", 3.0, 5, 1.0))
-    packed.extend([("metadata", {"a": 1})])
+    packed.extend([("metadata", ({"a": 1}, 0))])
     assert packed.take_columns(10) is None and len(packed) == 2
     assert [r[0] for r in packed.take(10)] == ["loss", "metadata"]
 

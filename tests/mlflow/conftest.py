@@ -55,9 +55,9 @@ def client(tracking_uri: str) -> Any:
 def default_store_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """The default local store (a SQLite file) in the test's directory, not the machine's:
     trackers built without a tracking URI open it."""
-    import async_tracker.backend.mlflow as backend
+    from async_tracker.backend.mlflow import config
 
-    monkeypatch.setattr(backend, "DEFAULT_TRACKING_DIR", tmp_path / "default-store")
+    monkeypatch.setattr(config, "DEFAULT_TRACKING_DIR", tmp_path / "default-store")
     return tmp_path / "default-store"
 
 

@@ -39,6 +39,7 @@ from async_tracker.backend.mlflow import (
     plan_requests,
     run_key,
 )
+from async_tracker.backend.mlflow.runs import RunBook, RunRef
 from async_tracker.errors import (
     BackendError,
     PermanentBackendError,
@@ -64,6 +65,11 @@ def tracker(tracking_uri: str, experiment_name: str) -> Iterator[MLflowTracker]:
     t.close()
 
 
+def uuid_of(ref: RunRef | None) -> str:
+    assert ref is not None
+    return ref.uuid
+
+
 def runs_of(client: Any, experiment_name: str, deleted: bool = False) -> list[Any]:
     from mlflow.entities import ViewType
 
@@ -75,21 +81,21 @@ def runs_of(client: Any, experiment_name: str, deleted: bool = False) -> list[An
 
 
 class LogBatchSpy:
-    """Records the requests the real client sends (and sends them)."""
+    """Records the requests the tracker's client sends (and sends them)."""
 
     def __init__(self, tracker: AsyncMLflowTracker) -> None:
         self.calls: list[dict[str, list[Any]]] = []
-        real = tracker._log_batch_fn
+        real = tracker.client.log_batch
         lock = threading.Lock()
 
-        def log_batch(run_id: str, metrics: Any, params: Any, tags: Any) -> None:
+        def log_batch(run_id: str, metrics: Any = (), params: Any = (), tags: Any = ()) -> None:
             with lock:
                 self.calls.append(
                     {"metrics": list(metrics), "params": list(params), "tags": list(tags)}
                 )
-            real(run_id, metrics, params, tags)
+            real(run_id, metrics=metrics, params=params, tags=tags)
 
-        tracker._log_batch_fn = log_batch
+        tracker.client.log_batch = log_batch
 
 
 # -- the run ------------------------------------------------------------------------------------
@@ -175,7 +181,7 @@ def test_plan_requests_respects_every_limit() -> None:
 async def test_big_flush_is_cut_into_requests_mlflow_accepts(
     tracking_uri: str, experiment_name: str
 ) -> None:
-    backend = AsyncMLflowTracker(experiment_name, tracking_uri)
+    backend = AsyncMLflowTracker(experiment_name, tracking_uri, metadata_params=False)
     metadata = {f"key{i}": "v" * 7000 for i in range(150)}  # > 100 tags and > 1 MB
     metrics = [TrackerMetric(f"m{i % 3}", float(i), i // 3, 1_700_000_000 + i) for i in range(2500)]
     await backend.write_batch("big", Batch(0, metadata=metadata, metrics=metrics))
@@ -228,23 +234,51 @@ def test_limits_checked_at_the_call_site_of_the_sync_face(
     assert runs_of(client, experiment_name) == []  # nothing of those calls was sent
 
 
-def test_apprun_write_path_stores_the_rest_and_reports_what_mlflow_refuses(
-    tracker: MLflowTracker,
-) -> None:
+def test_apprun_refuses_what_mlflow_would_at_the_call_site(tracker: MLflowTracker) -> None:
     mem = InMemoryTracker()
     with AppRun("r", [tracker, mem], flush_interval=3600, retry=FAST_RETRY) as run:
-        run.add_metadata(good=1, **{"k" * 300: 2})
+        with pytest.raises(ValueError, match=r"metadata key 'kkkk.*300 characters"):
+            run.add_metadata(good=1, **{"k" * 300: 2})
+        with pytest.raises(ValueError, match=r"metadata 'notes' as MLflow params.*7000"):
+            run.add_metadata(notes="n" * 7000)  # a tag could hold it, its param could not
+        with pytest.raises(ValueError, match=r"metric name 'loss@1'"):
+            run.log_metrics({"acc": 0.5, "loss@1": 1.0}, step=0)
+        with pytest.raises(ValueError, match=r"artifact '\.\./up'"):
+            run.add_artifact("../up", "/tmp/model.pt")  # a local file: uploaded under its name
+        with pytest.raises(ValueError, match=r"'mlflow.note'.*reserved"):
+            run.add_metadata(**{"mlflow.note": "x"})
+        run.add_artifact("../up", "s3://bucket/model.pt")  # a URI is only recorded: fine
+        run.add_metadata(good=1)
         for step in range(100):
             run.log_metric("loss", 1.0, step=step)
         report = run.flush()
-    assert not report.ok
-    assert "MLflow refused 1 entries" in report.errors["mlflow"]
-    assert "RecordError" in report.errors["mlflow"]
-    assert "300 characters" in report.errors["mlflow"]
-    assert "InMemoryTracker" not in report.errors
-    # What MLflow can take was stored: one bad key does not cost the metrics.
-    assert tracker.metadata("r") == {"good": 1}
-    assert len(tracker.metrics("r")["loss"]) == 100
+    # Nothing of the refused calls was kept, by any backend; the rest was stored.
+    assert report.ok and report.delivered == 2 * 102, report
+    assert tracker.metadata("r") == mem.runs["r"].metadata == {"good": 1}
+    assert list(tracker.metrics("r")) == ["loss"] and len(tracker.metrics("r")["loss"]) == 100
+    assert list(tracker.artifacts("r")) == ["../up"]
+
+
+def test_without_metadata_params_only_tag_limits_apply(
+    tracking_uri: str, experiment_name: str
+) -> None:
+    tracker = MLflowTracker(experiment_name, tracking_uri, metadata_params=False)
+    with AppRun("r", [tracker], flush_interval=3600) as run:
+        run.add_metadata(notes="n" * 7000)
+    assert tracker.metadata("r") == {"notes": "n" * 7000}
+    assert tracker.get_run("r").data.params == {}
+
+
+async def test_metadata_too_long_for_a_param_reaching_write_batch_keeps_its_tag(
+    tracking_uri: str, experiment_name: str
+) -> None:
+    # Not through validate (a spool replayed into MLflow, say): the tag holds the value, the
+    # param is left out, and nothing is refused.
+    backend = AsyncMLflowTracker(experiment_name, tracking_uri)
+    await backend.write_batch("r", Batch(0, metadata={"notes": "n" * 7000, "lr": 0.1}))
+    assert await backend.metadata("r") == {"notes": "n" * 7000, "lr": 0.1}
+    assert (await backend.get_run("r")).data.params == {"lr": "0.1"}
+    await backend.aclose()
 
 
 # -- run status ------------------------------------------------------------------------------------
@@ -539,15 +573,20 @@ def test_concurrent_creation_makes_one_run(
     n = 4
     barrier = threading.Barrier(n, timeout=30)
 
-    class Racing(AsyncMLflowTracker):
-        def _acquire_creation_lock(self, run_id: str) -> str | bool | None:
-            barrier.wait()  # every tracker has searched and found nothing
-            return super()._acquire_creation_lock(run_id)
+    def racing(book: RunBook) -> RunBook:
+        acquire = book.acquire_creation_lock
 
-    trackers = [Racing(experiment_name, tracking_uri) for _ in range(n)]
-    trackers[0]._experiment_sync()  # the experiment exists; the race is on the run
+        def after_everyone_searched(run_id: str) -> str | bool | None:
+            barrier.wait()  # every tracker has searched and found nothing
+            return acquire(run_id)
+
+        book.acquire_creation_lock = after_everyone_searched  # type: ignore[method-assign]
+        return book
+
+    books = [racing(AsyncMLflowTracker(experiment_name, tracking_uri).runs) for _ in range(n)]
+    books[0].experiment()  # the experiment exists; the race is on the run
     with ThreadPoolExecutor(n) as pool:
-        uuids = list(pool.map(lambda t: t._resolve_sync("raced", True), trackers))
+        uuids = list(pool.map(lambda b: uuid_of(b.resolve("raced", True)), books))
     assert len(set(uuids)) == 1
     (live,) = runs_of(client, experiment_name)
     assert live.info.run_id == uuids[0]
@@ -561,10 +600,10 @@ def test_a_lock_whose_holder_died_does_not_block_creation(
     tracking_uri: str, experiment_name: str, client: Any
 ) -> None:
     backend = AsyncMLflowTracker(experiment_name, tracking_uri)
-    exp_id = backend._experiment_sync().experiment_id
+    exp_id = backend.runs.experiment().experiment_id
     client.create_experiment(f"async_tracker.locks/{exp_id}/{run_key('orphan')}/0")
-    backend.creation_wait_s = 0.2
-    uuid = backend._resolve_sync("orphan", True)
+    backend.runs.creation_wait_s = 0.2
+    uuid = uuid_of(backend.runs.resolve("orphan", True))
     (live,) = runs_of(client, experiment_name)
     assert live.info.run_id == uuid
 
@@ -572,10 +611,10 @@ def test_a_lock_whose_holder_died_does_not_block_creation(
 def test_without_lock_experiments_runs_are_still_created_once(
     tracking_uri: str, experiment_name: str, client: Any
 ) -> None:
-    trackers = [AsyncMLflowTracker(experiment_name, tracking_uri) for _ in range(2)]
-    for t in trackers:
-        t._locks_unavailable = True  # as when the store refuses them
-    assert trackers[0]._resolve_sync("r", True) == trackers[1]._resolve_sync("r", True)
+    books = [AsyncMLflowTracker(experiment_name, tracking_uri).runs for _ in range(2)]
+    for book in books:
+        book.locks_unavailable = True  # as when the store refuses them
+    assert uuid_of(books[0].resolve("r", True)) == uuid_of(books[1].resolve("r", True))
     assert len(runs_of(client, experiment_name)) == 1
 
 

@@ -13,6 +13,7 @@ from mlflow.protos.databricks_pb2 import INVALID_PARAMETER_VALUE
 
 from async_tracker import AsyncTrackerBase
 from async_tracker.backend.mlflow import AsyncMLflowTracker, map_error
+from async_tracker.base import Checked
 from tests.conformance import BackendConformance
 
 
@@ -27,6 +28,16 @@ class MLflowFaults:
             "log_batch",
         )
         return outage, too_long
+
+    def library_faults(self) -> tuple[BaseException, BaseException | None]:
+        too_long = MlflowException(
+            "'tags[0].value' exceeds the maximum length of 8000 characters",
+            error_code=INVALID_PARAMETER_VALUE,
+        )
+        return requests.exceptions.ConnectionError("connection refused"), too_long
+
+    def unstorable(self) -> Checked | None:
+        return {"k" * 251: 1}  # MLflow's keys hold 250 characters
 
 
 class TestMLflowConformance(MLflowFaults, BackendConformance):

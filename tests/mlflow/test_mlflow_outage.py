@@ -122,19 +122,19 @@ def kill_after_first_request(backend: AsyncMLflowTracker, server: MlflowServer) 
     """Kills the server (SIGKILL) right after the first log_batch request of ``backend`` is
     stored: the other requests of the flush meet a dead server. Returns the sizes of the
     requests that were stored."""
-    real = backend._log_batch_fn
+    real = backend.client.log_batch
     stored: list[int] = []
     lock = threading.Lock()
 
-    def log_batch(run_id: str, metrics: Any, params: Any, tags: Any) -> None:
-        real(run_id, metrics, params, tags)
+    def log_batch(run_id: str, metrics: Any = (), params: Any = (), tags: Any = ()) -> None:
+        real(run_id, metrics=metrics, params=params, tags=tags)
         with lock:
             stored.append(len(metrics))
             first = len(stored) == 1
         if first:
             server.kill()
 
-    backend._log_batch_fn = log_batch
+    backend.client.log_batch = log_batch
     return stored
 
 
@@ -180,7 +180,8 @@ def test_server_dying_mid_flush_loses_nothing_through_apprun(server: MlflowServe
             report = run.flush(timeout=30)
         finally:
             server.start()
-        assert stored[:1] == [MAX_METRICS_PER_REQUEST - 1]  # the first request landed
+        # The first request landed: the metadata as a tag and a param, and 998 points.
+        assert stored[:1] == [MAX_METRICS_PER_REQUEST - 2]
         assert report.dropped == 0 and report.delivered == 0, report
         assert report.pending + report.spooled == 5001, report
         report = run.flush(timeout=60)  # the server is back

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from async_tracker import build_trackers
+from async_tracker import AppRun, build_trackers
 from async_tracker.backend.mlflow import (
     AsyncMLflowTracker,
     MLflowTracker,
@@ -110,6 +110,52 @@ async def test_async_log_params_flat_many_params(tracking_uri: str, experiment_n
     run = await backend.get_run("r")
     assert len(run.data.params) == 240 and run.data.params["layer119.b"] == "[119, 120]"
     await backend.aclose()
+
+
+# -- metadata as params: the first write of a key ---------------------------------------------
+def test_first_metadata_write_of_a_key_is_params_later_writes_are_tags(
+    tracking_uri: str, experiment_name: str
+) -> None:
+    tracker = MLflowTracker(experiment_name, tracking_uri)
+    with AppRun("r", [tracker], flush_interval=3600) as run:
+        run.add_metadata(lr=0.1, model={"depth": 4, "opt": {"betas": [0.9, 0.99]}})
+        assert run.flush(timeout=30).ok
+        run.add_metadata(lr=0.05, epoch=1)  # lr again: a tag only (params are immutable)
+        assert run.flush(timeout=30).ok
+        run.add_metadata(epoch=2)
+    mlrun = tracker.get_run("r")
+    assert mlrun.data.params == {
+        "lr": "0.1",
+        "model.depth": "4",
+        "model.opt.betas": "[0.9, 0.99]",
+        "epoch": "1",
+    }
+    # metadata() reads the tags: every key's latest value, typed.
+    assert tracker.metadata("r") == {
+        "lr": 0.05,
+        "model": {"depth": 4, "opt": {"betas": [0.9, 0.99]}},
+        "epoch": 2,
+    }
+
+
+def test_another_process_first_write_keeps_the_param_and_sets_the_tag(
+    tracking_uri: str, experiment_name: str, client: Any
+) -> None:
+    first = MLflowTracker(experiment_name, tracking_uri)
+    first.add_metadata("r", lr=0.1)
+    other = MLflowTracker(experiment_name, tracking_uri)  # another rank, or a resumed job
+    other.add_metadata("r", lr=0.2, bs=64)  # no error: lr is a param already
+    uuid = first.get_run_id("r")
+    # A third process logs wd between `other` reading the run's params and sending its own:
+    # MLflow refuses the changed value; `other` reads the params again and sends the rest.
+    client.log_param(uuid, "wd", "0.01")
+    other.add_metadata("r", wd=0.1, warmup=100)
+    assert client.get_run(uuid).data.params == {
+        "lr": "0.1", "bs": "64", "wd": "0.01", "warmup": "100"
+    }
+    assert other.metadata("r") == {"lr": 0.2, "bs": 64, "wd": 0.1, "warmup": 100}
+    first.close()
+    other.close()
 
 
 # -- create_tracker ------------------------------------------------------------------------------

@@ -310,7 +310,7 @@ class World:
             if kind == "metadata":
                 key = f"k{index % 3}"
                 written = Written(index, None, key=key)
-                inc.append((METADATA, {key: index}))
+                inc.append((METADATA, ({key: index}, index)))
             elif kind == "artifact":
                 name = f"a{index % 2}"
                 written = Written(index, None, artifact=name)

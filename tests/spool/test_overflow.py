@@ -200,7 +200,7 @@ def test_steps_resolve_the_same_on_the_fast_and_the_mixed_path() -> None:
     batch = fast.cut(records)
     slow = Cutter("t")
     slow.last_step = {"a": 3}
-    mixed = slow.cut([*records, ("metadata", {"k": 1})])
+    mixed = slow.cut([*records, ("metadata", ({"k": 1}, 0))])
     assert batch.metrics == mixed.metrics
     assert fast.last_step == slow.last_step
     assert (batch.first, batch.seq, mixed.seq) == (0, 1999, 2000)

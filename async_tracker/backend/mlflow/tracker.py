@@ -1,0 +1,602 @@
+"""The async MLflow backend: :class:`AsyncMLflowTracker`.
+
+Every ``MlflowClient`` call blocks, so each runs in a worker thread through
+:func:`async_tracker.threads.run_blocking` (the tracking URI as its endpoint): the tracker
+loop never waits on the network. Only the client's public API is used (``log_batch``,
+``log_artifact``, ``search_runs`` ...).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from types import TracebackType
+from typing import Any, TypeVar
+
+import anyio
+
+try:
+    from mlflow import MlflowClient
+    from mlflow.entities import Metric, Param, RunTag
+except ImportError as _exc:  # pragma: no cover - depends on the environment
+    raise ImportError(
+        "async_tracker.backend.mlflow needs the mlflow package: "
+        "pip install 'async-tracker[mlflow]'"
+    ) from _exc
+
+from async_tracker.backend.errors import leaves, map_group
+from async_tracker.backend.mlflow import config
+from async_tracker.backend.mlflow.errors import (
+    is_param_conflict,
+    is_run_not_active,
+    map_error,
+)
+from async_tracker.backend.mlflow.mapping import (
+    INT64_MAX,
+    INT64_MIN,
+    RESERVED_TAG_PREFIXES,
+    TAG_ARTIFACT_PREFIX,
+    TAG_SOURCE_PREFIX,
+    artifact_problems,
+    artifact_tag,
+    artifact_value,
+    decode_object,
+    dumps,
+    flatten_params,
+    from_stored,
+    loads_tag,
+    local_path,
+    metadata_problems,
+    metric_problem,
+    param_problem,
+    parent_tag,
+    raise_problems,
+    sha1,
+    source_problems,
+    source_tag,
+    source_value,
+    tag_problem,
+)
+from async_tracker.backend.mlflow.requests import MetricEntry, Request, plan_requests
+from async_tracker.backend.mlflow.runs import RunBook, RunRef, run_id_of, start_order
+from async_tracker.base import AsyncTrackerBase, Checked, CloseReason
+from async_tracker.errors import BackendError, RecordError, TransientBackendError
+from async_tracker.records import (
+    Batch,
+    Lineage,
+    TrackerArtifact,
+    TrackerMetric,
+    TrackerSource,
+    sort_points,
+)
+from async_tracker.threads import run_blocking
+
+if sys.version_info < (3, 11):  # pragma: no cover - 3.10
+    from exceptiongroup import BaseExceptionGroup
+
+logger = logging.getLogger("async_tracker.backend.mlflow")
+
+T = TypeVar("T")
+# Attempts at a log_batch whose first-write params race with another process's (each
+# attempt reads the run's params again and sends only those still missing).
+PARAM_RACE_ATTEMPTS = 3
+
+
+class AsyncMLflowTracker(AsyncTrackerBase):
+    """Records runs in an MLflow tracking server (or a local SQLite store).
+
+    Args:
+        experiment_name: the MLflow experiment holding the runs (default: torchx's
+            ``default-experiment/<user>/<host>``); created when first needed.
+        tracking_uri: ``http(s)://`` server, ``sqlite:///`` file, or any URI MLflow takes
+            (default: ``$MLFLOW_TRACKING_URI``, else a SQLite store under the temp directory).
+        artifact_location: where MLflow puts artifacts of the experiment, when it creates it.
+        name: the backend's name in reports and spool keys.
+        request_concurrency: log_batch requests of one flush in flight at once.
+        metadata_params: also log the first write of each metadata key as MLflow params
+            (flattened as ``log_params_flat`` does), so that configs show in MLflow's
+            Parameters. Metadata then has to fit MLflow's param limits too.
+
+    Nothing is sent at construction: the experiment and the run are looked up, or created,
+    on first use, in a worker thread, and retried like any write. An ``AppRun`` ends the
+    MLflow runs it wrote to when it closes (:meth:`end_run`); :meth:`aclose` ends any other.
+
+    Example::
+
+        backend = AsyncMLflowTracker("demo", "http://127.0.0.1:5000")
+        async with AppRun("my-run", [backend]) as run:
+            run.log_metric("loss", 0.5)
+        # the MLflow run is FINISHED here (FAILED if the block raised)
+    """
+
+    def __init__(
+        self,
+        experiment_name: str | None = None,
+        tracking_uri: str | None = None,
+        artifact_location: str | None = None,
+        *,
+        name: str = "mlflow",
+        request_concurrency: int = config.DEFAULT_REQUEST_CONCURRENCY,
+        metadata_params: bool = True,
+    ) -> None:
+        if request_concurrency < 1:
+            raise ValueError(f"request_concurrency must be >= 1, got {request_concurrency}")
+        self.name = name
+        self.experiment_name = experiment_name or config.default_experiment_name()
+        self.tracking_uri = tracking_uri or config.default_tracking_uri()
+        store_dir = config.default_store_dir()
+        uses_default_store = tracking_uri is None and self.tracking_uri.startswith(
+            f"sqlite:///{store_dir}"
+        )
+        if artifact_location is None and uses_default_store:
+            # Next to the database, not in ./mlruns of whatever the working directory is.
+            artifact_location = str(store_dir / "artifacts")
+        self.artifact_location_requested = artifact_location
+        self.request_concurrency = request_concurrency
+        self.metadata_params = metadata_params
+        config.configure_http_client()
+        if uses_default_store:
+            store_dir.mkdir(parents=True, exist_ok=True)
+        # Built here, on the caller's thread, not lazily in a worker: the first write may
+        # happen in the exit hook, when Python refuses the imports and atexit registrations
+        # MLflow makes on first use. No request is sent (a SQLite store is opened, though).
+        self.client: Any = MlflowClient(tracking_uri=self.tracking_uri)
+        self.runs = RunBook(self.client, self.experiment_name, artifact_location)
+        self._checked_metric_names: set[str] = set()
+
+    def __repr__(self) -> str:
+        return (
+            f"AsyncMLflowTracker(experiment_name={self.experiment_name!r}, "
+            f"tracking_uri={self.tracking_uri!r})"
+        )
+
+    # -- the backend contract -----------------------------------------------------------------
+    def validate(self, record: Checked) -> None:
+        """Raises ``ValueError`` naming the key when MLflow would refuse ``record``: a name
+        over 250 characters or with characters MLflow refuses, a tag value over 8000
+        characters (metadata as JSON, an artifact's or a source's record), a reserved tag
+        (``mlflow.*``, ``async_tracker.*``), metadata whose params would break MLflow's param
+        limits (6000 characters per value), a step beyond 64 bits, an artifact with a local
+        path whose name is not a relative path MLflow can upload to."""
+        if isinstance(record, TrackerMetric):
+            problem = metric_problem(record)
+            raise_problems([problem] if problem else [])
+        elif isinstance(record, TrackerArtifact):
+            raise_problems(artifact_problems(record))
+        elif isinstance(record, TrackerSource):
+            raise_problems(source_problems(record))
+        else:
+            raise_problems(metadata_problems(record, params=self.metadata_params))
+
+    def map_error(self, exc: BaseException) -> BaseException:
+        """What the MLflow client raised, as transient, backend or record error (see
+        :func:`async_tracker.backend.mlflow.errors.map_error`)."""
+        return map_error(exc)
+
+    async def end_run(self, run_id: str, reason: CloseReason) -> None:
+        """Ends the MLflow run of ``run_id`` if this process wrote to it: FINISHED when the
+        last writing process ends it cleanly, FAILED or KILLED at once (see
+        :mod:`async_tracker.backend.mlflow.runs`). A run already FAILED or KILLED keeps that
+        status."""
+        if run_id in self.runs.writing():
+            await self._blocking("set_terminated", self.runs.end, run_id, reason)
+
+    async def aclose(self, reason: CloseReason = "finished") -> None:
+        """Ends, with ``reason``, every MLflow run this process wrote to and has not ended
+        yet. Idempotent; writes afterwards still land (and start the run again)."""
+        errors: list[BaseException] = []
+        for run_id in self.runs.writing():
+            try:
+                await self.end_run(run_id, reason)
+            except BackendError as exc:
+                errors.append(exc)
+                logger.warning(
+                    "async_tracker: could not end MLflow run of %r as %s: %s", run_id, reason, exc
+                )
+        if errors:
+            raise errors[0]
+
+    async def __aenter__(self) -> AsyncMLflowTracker:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose("finished" if exc is None else "failed")
+
+    # -- blocking calls: in worker threads ------------------------------------------------------
+    async def _blocking(self, what: str, fn: Callable[..., T], *args: Any) -> T:
+        """``fn(*args)`` in a worker thread; whatever it raises leaves as a BackendError."""
+
+        def call() -> T:
+            try:
+                return fn(*args)
+            except BackendError:
+                raise
+            except Exception as exc:
+                raise map_error(exc, what) from exc
+
+        return await run_blocking(call, endpoint=self.tracking_uri)
+
+    def _log_batch_sync(self, run_id: str, request: Request, first_params: bool) -> None:
+        """One log_batch request. With ``first_params``, its params are first writes of
+        metadata keys: those the run has already (from an earlier write, or another process)
+        are left out, since MLflow params are immutable and the tag holds the latest value."""
+        ref = self.runs.for_writing(run_id)
+        params = request.params
+        for attempt in range(PARAM_RACE_ATTEMPTS):
+            if first_params and params:
+                params = self._new_params(ref, request.params)
+            if not (params or request.tags or request.metrics):
+                return
+            try:
+                self.client.log_batch(
+                    ref.uuid,
+                    metrics=[Metric(k, v, ms, step) for k, v, ms, step in request.metrics],
+                    params=[Param(k, v) for k, v in params],
+                    tags=[RunTag(k, v) for k, v in request.tags],
+                )
+                break
+            except Exception as exc:
+                if is_run_not_active(exc):
+                    # Our run was deleted (by hand, or as the loser of a fallback creation
+                    # race): look it up again on the retry.
+                    self.runs.forget(run_id, ref.uuid)
+                    raise TransientBackendError(
+                        f"MLflow run {ref.uuid} of {run_id!r} is deleted; looking it up again"
+                    ) from exc
+                if not (first_params and params and is_param_conflict(exc)):
+                    raise
+                # Another process logged one of these params in between: read them again.
+                ref.params = None
+                if attempt == PARAM_RACE_ATTEMPTS - 1:
+                    raise TransientBackendError(
+                        f"MLflow params of run {run_id!r} keep changing under us"
+                    ) from exc
+        if ref.params is not None:
+            ref.params.update(params)
+
+    def _new_params(self, ref: RunRef, params: Sequence[tuple[str, str]]) -> list[tuple[str, str]]:
+        if ref.params is None:  # read once per process (and again after a race)
+            ref.params = dict(self.client.get_run(ref.uuid).data.params)
+        known = ref.params
+        return [(k, v) for k, v in params if k not in known]
+
+    def _upload_sync(self, run_id: str, art: TrackerArtifact) -> None:
+        path = local_path(art.path)
+        assert path is not None
+        if not os.path.exists(path):
+            logger.warning(
+                "async_tracker: artifact %r of run %r: %r is not a file or directory here; "
+                "recorded without upload", art.name, run_id, art.path,
+            )
+            return
+        ref = self.runs.for_writing(run_id)
+        # A file goes to <name>/<file name>, a directory to <name>/<directory name>/...;
+        # uploading again (a retry, a replay) overwrites.
+        self.client.log_artifact(ref.uuid, path, artifact_path=art.name)
+
+    # -- sending a flush ------------------------------------------------------------------------
+    async def _send(
+        self, run_id: str, requests: Sequence[Request], batch: Batch, first_params: bool
+    ) -> None:
+        """Sends requests not yet in ``batch.done``, a few at a time. Each is marked done when
+        stored; a failure cancels the rest, and the lane's retry sends only what is missing.
+
+        Whatever fails leaves as one :class:`BackendError`, never an exception group: the
+        errors of the requests that failed together are combined (transient if any is)."""
+        try:
+            await self._send_requests(run_id, requests, batch, first_params)
+            return
+        except BaseExceptionGroup as group:
+            error = map_group(group, lambda e: map_error(e, "log_batch"))
+            if error is None:  # a cancellation or an interrupt: not a failure of MLflow
+                raise
+            if all(error is not leaf for leaf in leaves(group)):
+                error.__cause__ = group  # a combined error: the group shows each part
+        stored = sum(1 for i in range(len(requests)) if f"mlflow:{i}" in batch.done)
+        error.args = (f"{error} ({stored} of {len(requests)} requests of the flush stored)",)
+        raise error
+
+    async def _send_requests(
+        self, run_id: str, requests: Sequence[Request], batch: Batch, first_params: bool
+    ) -> None:
+        parts = [(f"mlflow:{i}", r) for i, r in enumerate(requests)]
+        todo = [(part, r) for part, r in parts if part not in batch.done]
+        if not todo:
+            return
+        # The first request alone: it resolves (maybe creates) the run before the others race.
+        part, first = todo[0]
+        await self._blocking("log_batch", self._log_batch_sync, run_id, first, first_params)
+        batch.done.add(part)
+        if len(todo) == 1:
+            return
+        limiter = anyio.CapacityLimiter(self.request_concurrency)
+
+        async def send(part: str, request: Request) -> None:
+            async with limiter:
+                await self._blocking(
+                    "log_batch", self._log_batch_sync, run_id, request, first_params
+                )
+            batch.done.add(part)
+
+        async with anyio.create_task_group() as tg:
+            for part, request in todo[1:]:
+                tg.start_soon(send, part, request)
+
+    # -- writes ----------------------------------------------------------------------------------
+    async def write_batch(self, run_id: str, batch: Batch) -> None:
+        """Stores one flush: local artifacts uploaded first, then everything else in as few
+        log_batch requests as MLflow's limits allow.
+
+        Entries MLflow would refuse (a key too long, a value over 8000 characters ...) are
+        left out, the rest is stored, then ``RecordError(refused=N)`` names them: one bad key
+        does not cost the thousands of metric points flushed with it, and the lane counts the
+        N entries as dropped without splitting and sending the batch again. N counts entries
+        (a metadata key, an artifact, a source, a metric point), at most ``batch.records``.
+        (Through ``AppRun`` such entries are refused at the call site by :meth:`validate`;
+        they reach here from other paths, such as a spool replayed into MLflow.)
+
+        Any other failure leaves as one :class:`BackendError` (see :func:`map_error`).
+        """
+        # The time stamped on source tags, kept for retries: the requests of a retry must be
+        # exactly those of the first attempt, since parts done are skipped by index.
+        now = float(batch.names.setdefault("mlflow:t", repr(time.time())))
+        problems: list[str] = []
+        tags = self._metadata_tags(batch.metadata, problems)
+        params = self._metadata_params(batch.metadata) if self.metadata_params else []
+        uploads: list[TrackerArtifact] = []
+        for art in batch.artifacts.values():
+            bad = artifact_problems(art)
+            problems.extend(bad)
+            if not bad:
+                tags.append((artifact_tag(art.name), artifact_value(art)))
+                if local_path(art.path) is not None:
+                    uploads.append(art)
+        for src in batch.sources:
+            tags.extend(self._source_tags(src, now, problems))
+        metrics = self._metric_entries(batch.metrics, problems)
+        # Uploads before the tags: an artifact's tag says its file is there.
+        for art in uploads:
+            part = f"mlflow:upload:{sha1(art.name)}"
+            if part not in batch.done:
+                await self._blocking("log_artifact", self._upload_sync, run_id, art)
+                batch.done.add(part)
+        requests = plan_requests(tags=tags, metrics=metrics, params=params)
+        await self._send(run_id, requests, batch, first_params=True)
+        if problems:
+            refused = len(problems)
+            if batch.records:
+                refused = min(refused, batch.records)
+            raise RecordError(
+                f"MLflow refused {len(problems)} entries of run {run_id!r} (the rest of the "
+                "flush was stored): " + "; ".join(problems),
+                refused=refused,
+            )
+
+    @staticmethod
+    def _metadata_tags(
+        metadata: Mapping[str, object], problems: list[str]
+    ) -> list[tuple[str, str]]:
+        tags = []
+        for key, value in metadata.items():
+            problem = tag_problem(key, value)
+            if problem:
+                problems.append(problem)
+            else:
+                tags.append((key, dumps(value)))
+        return tags
+
+    def _metadata_params(self, metadata: Mapping[str, object]) -> list[tuple[str, str]]:
+        """The params of these metadata entries, the first of each param key. Which of them
+        are first writes in the run is decided when sending (see :meth:`_log_batch_sync`),
+        so that a retry plans the same requests. Params MLflow would refuse are left out
+        (validate refuses them at the call site): the tag still holds the value."""
+        params: dict[str, str] = {}
+        for key, value in metadata.items():
+            if tag_problem(key, value):
+                continue
+            try:
+                flat = flatten_params(value, key)
+            except ValueError as exc:
+                logger.warning("async_tracker: metadata %r is not logged as params: %s", key, exc)
+                continue
+            for k, v in flat.items():
+                params.setdefault(k, v)
+        return list(params.items())
+
+    @staticmethod
+    def _source_tags(
+        src: TrackerSource, now: float, problems: list[str]
+    ) -> list[tuple[str, str]]:
+        bad = source_problems(src)
+        problems.extend(bad)
+        if bad:
+            return []
+        return [
+            (source_tag(src.source_run_id, src.artifact_name), source_value(src, now)),
+            (parent_tag(src.source_run_id), "1"),
+        ]
+
+    def _metric_entries(
+        self, metrics: Sequence[TrackerMetric], problems: list[str]
+    ) -> list[MetricEntry]:
+        checked = self._checked_metric_names
+        out = []
+        for m in metrics:
+            if m.name not in checked or not INT64_MIN <= m.step <= INT64_MAX:
+                problem = metric_problem(m)
+                if problem:
+                    problems.append(problem)
+                    continue
+                checked.add(m.name)
+            out.append((m.name, m.value, round(m.timestamp * 1000), m.step))
+        return out
+
+    async def add_metadata(self, run_id: str, **kwargs: object) -> None:
+        await self.write_batch(run_id, Batch(0, metadata=dict(kwargs)))
+
+    async def add_artifact(
+        self, run_id: str, name: str, path: str, metadata: Mapping[str, object] | None = None
+    ) -> None:
+        """Records an artifact; a local file or directory is uploaded to ``<name>/`` in the
+        run's artifacts (``mlflow.artifacts.download_artifacts`` gets it back), a URI of
+        another scheme (``s3://`` ...) is recorded only."""
+        art = TrackerArtifact(name, path, dict(metadata) if metadata is not None else None)
+        await self.write_batch(run_id, Batch(0, artifacts={name: art}))
+
+    async def add_source(
+        self, run_id: str, source_id: str, artifact_name: str | None = None
+    ) -> None:
+        await self.write_batch(run_id, Batch(0, sources=[TrackerSource(source_id, artifact_name)]))
+
+    async def add_metrics(self, run_id: str, metrics: Sequence[TrackerMetric]) -> None:
+        await self.write_batch(run_id, Batch(0, metrics=list(metrics)))
+
+    async def log_params(self, run_id: str, params: Mapping[str, str]) -> None:
+        """Logs MLflow params (immutable in MLflow: a key logged again must keep its value,
+        else :class:`RecordError`). A key or value MLflow refuses raises ``ValueError``."""
+        raise_problems([p for k, v in params.items() if (p := param_problem(k, v))])
+        requests = plan_requests(params=sorted(params.items()))
+        await self._send(run_id, requests, Batch(0), first_params=False)
+
+    async def log_params_flat(self, run_id: str, cfg: object, key: str = "") -> None:
+        """Flattens ``cfg`` (dataclasses, mappings, sequences) as torchx does, and logs the
+        result as params. See :func:`flatten_params`."""
+        await self.log_params(run_id, flatten_params(cfg, key))
+
+    # -- reads -------------------------------------------------------------------------------
+    def _tags_sync(self, run_id: str) -> dict[str, str]:
+        ref = self.runs.resolve(run_id, create=False)
+        if ref is None:
+            return {}
+        return dict(self.client.get_run(ref.uuid).data.tags)
+
+    async def _tags(self, run_id: str) -> dict[str, str]:
+        return await self._blocking("get_run", self._tags_sync, run_id)
+
+    async def metadata(self, run_id: str) -> Mapping[str, object]:
+        """The run's tags, decoded, without MLflow's system tags (``mlflow.*``) and ours."""
+        tags = await self._tags(run_id)
+        return {
+            k: loads_tag(v)
+            for k, v in sorted(tags.items())
+            if not k.startswith(RESERVED_TAG_PREFIXES)
+        }
+
+    async def artifacts(self, run_id: str) -> Mapping[str, TrackerArtifact]:
+        tags = await self._tags(run_id)
+        found: list[TrackerArtifact] = []
+        for k, v in tags.items():
+            if k.startswith(TAG_ARTIFACT_PREFIX):
+                data = decode_object(k, v)
+                if data is not None and isinstance(data.get("name"), str):
+                    meta = data.get("metadata")
+                    found.append(
+                        TrackerArtifact(
+                            data["name"],
+                            str(data.get("path", "")),
+                            meta if isinstance(meta, dict) else None,
+                        )
+                    )
+        return {a.name: a for a in sorted(found, key=lambda a: a.name)}
+
+    @staticmethod
+    def _sources_of(tags: Mapping[str, str]) -> list[tuple[float, TrackerSource]]:
+        found: list[tuple[float, TrackerSource]] = []
+        for k, v in tags.items():
+            if k.startswith(TAG_SOURCE_PREFIX):
+                data = decode_object(k, v)
+                if data is None or not isinstance(data.get("source_run_id"), str):
+                    continue
+                art = data.get("artifact_name")
+                t = data.get("t")
+                found.append(
+                    (
+                        float(t) if isinstance(t, (int, float)) else 0.0,
+                        TrackerSource(data["source_run_id"], art if isinstance(art, str) else None),
+                    )
+                )
+        found.sort(key=lambda p: (p[0], p[1].source_run_id, p[1].artifact_name or ""))
+        return found
+
+    async def sources(
+        self, run_id: str, artifact_name: str | None = None
+    ) -> Iterable[TrackerSource]:
+        """The run's sources in the order they were first recorded."""
+        tags = await self._tags(run_id)
+        return [
+            s
+            for _, s in self._sources_of(tags)
+            if artifact_name is None or s.artifact_name == artifact_name
+        ]
+
+    def _children_sync(self, parent_run_id: str) -> list[Any]:
+        return self.runs.search(f"tags.`{parent_tag(parent_run_id)}` = '1'")
+
+    async def lineage(self, run_id: str) -> Lineage:
+        """Parents: the run's sources. Descendants: the runs of the experiment that name it
+        as a source, each with the artifact name of that link."""
+        parents = list(await self.sources(run_id))
+        children = await self._blocking("search_runs", self._children_sync, run_id)
+        descendants: list[tuple[float, TrackerSource]] = []
+        for child in children:
+            child_id = run_id_of(child)
+            for t, src in self._sources_of(child.data.tags):
+                if src.source_run_id == run_id:
+                    descendants.append((t, TrackerSource(child_id, src.artifact_name)))
+        descendants.sort(key=lambda p: (p[0], p[1].source_run_id, p[1].artifact_name or ""))
+        return Lineage(run_id, parents, [s for _, s in descendants])
+
+    async def run_ids(self, **kwargs: str) -> Iterable[str]:
+        """The run ids of the experiment, or only the children of ``parent_run_id=``. Runs made
+        by torchx's own MLflow tracker appear under their run name."""
+        parent = kwargs.get("parent_run_id")
+        if parent is not None:
+            runs = await self._blocking("search_runs", self._children_sync, parent)
+        else:
+            runs = await self._blocking("search_runs", self.runs.search, "")
+        seen: dict[str, None] = {}
+        for r in sorted(runs, key=start_order):
+            seen.setdefault(run_id_of(r), None)
+        return list(seen)
+
+    def _metrics_sync(self, run_id: str) -> dict[str, list[TrackerMetric]]:
+        ref = self.runs.resolve(run_id, create=False)
+        if ref is None:
+            return {}
+        out: dict[str, list[TrackerMetric]] = {}
+        for name in sorted(self.client.get_run(ref.uuid).data.metrics):
+            points = [
+                TrackerMetric(name, from_stored(m.value), int(m.step), m.timestamp / 1000.0)
+                for m in self.client.get_metric_history(ref.uuid, name)
+            ]
+            out[name] = sort_points(points)
+        return out
+
+    async def metrics(self, run_id: str) -> Mapping[str, Sequence[TrackerMetric]]:
+        """Every metric of the run, points ordered by step then time. Timestamps have MLflow's
+        millisecond resolution; infinities come back as infinities."""
+        return await self._blocking("get_metric_history", self._metrics_sync, run_id)
+
+    # -- MLflow objects ------------------------------------------------------------------------
+    async def experiment(self) -> Any:
+        """The MLflow ``Experiment`` (created if missing)."""
+        return await self._blocking("get_experiment", self.runs.experiment)
+
+    async def get_run(self, run_id: str, create: bool = True) -> Any:
+        """The MLflow ``Run`` of ``run_id`` (created if missing and ``create``, then ended by
+        :meth:`aclose`), or None. Several runs named ``run_id`` and none of ours:
+        :class:`~async_tracker.backend.mlflow.errors.AmbiguousRunError`."""
+
+        def get() -> Any:
+            ref = self.runs.resolve(run_id, create)
+            return None if ref is None else self.client.get_run(ref.uuid)
+
+        return await self._blocking("get_run", get)
