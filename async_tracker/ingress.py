@@ -72,6 +72,10 @@ class Ingress:
         # popleft called n times from C: no Python loop per record.
         return list(itertools.islice(iter(self._records.popleft, None), n))
 
+    def put_back(self, records: list[Record]) -> None:
+        """Returns ``records`` (taken last, oldest first) to the front, where they were."""
+        self._records.extendleft(reversed(records))
+
     def clear(self) -> None:
         self._records.clear()
 

@@ -23,6 +23,7 @@ from async_tracker.factory import AnyTracker, build_tracker
 from async_tracker.loop import get_loop
 from async_tracker.records import check_name
 from async_tracker.run import AppRun
+from async_tracker.settings import RunOptions
 
 ENV_DIR = "ASYNC_TRACKER_DIR"
 DEFAULT_DIR = "./tracker_runs"
@@ -101,6 +102,8 @@ def init(
         check_name(id, "id")
     last_steps = _existing_steps(store, id, resume)
     extra = [build_tracker(b, b, None) if isinstance(b, str) else b for b in backends]
+    # ASYNC_TRACKER_<OPTION> variables apply as with run_from_env(); keyword options win.
+    options.setdefault("options", RunOptions.from_env())
     run = AppRun(id, [store, *extra], _last_steps=last_steps, **options)
     metadata: dict[str, object] = {"project": project}
     if config is not None:

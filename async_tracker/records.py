@@ -6,12 +6,20 @@ called directly) rejects the same bad input with the same message, naming the ke
 
 from __future__ import annotations
 
+import argparse
+import dataclasses
+import datetime
 import itertools
 import operator
+import sys
 from array import array
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from enum import Enum
+from pathlib import PurePath
 from typing import NamedTuple
+
+from async_tracker.tensors import DeferredValue, scalar_of
 
 
 @dataclass
@@ -204,13 +212,18 @@ def check_optional_str(value: object, what: str) -> str | None:
     return value
 
 
-def metric_value(name: str, value: object) -> float:
+def metric_value(name: str, value: object) -> float | DeferredValue:
     """``float(value)``, done on the caller's thread; strings are refused although float()
-    parses them, because a string metric is nearly always a mistake."""
+    parses them, because a string metric is nearly always a mistake. Tensors and arrays
+    must hold one value; a CUDA tensor is not read here but gives a :class:`DeferredValue`
+    that the tracker loop reads once the device has computed it (see tensors.py)."""
     if isinstance(value, (str, bytes)):
         raise TypeError(f"metric {name!r}: value must be a number, got {type(value).__name__}")
+    scalar = scalar_of(name, value)
+    if type(scalar) is DeferredValue:
+        return scalar
     try:
-        return float(value)  # type: ignore[arg-type]
+        return float(scalar)  # type: ignore[arg-type]
     except OverflowError as exc:  # an int beyond float's range: no key in float()'s message
         raise ValueError(f"metric {name!r}: value is out of the float range") from exc
     except Exception as exc:  # TypeError, ValueError, or whatever a __float__ raises
@@ -232,26 +245,37 @@ def metric_step(name: str, step: object) -> int | None:
         ) from exc
 
 
-def check_metric(name: object, value: object, step: object) -> tuple[str, float, int | None]:
+def check_metric(
+    name: object, value: object, step: object
+) -> tuple[str, float | DeferredValue, int | None]:
     """The slow path of ``log_metric``: validate and convert, or raise naming the metric."""
     key = check_name(name, "metric name")
     return key, metric_value(key, value), metric_step(key, step)
 
 
-_JSON_SCALARS = (float, bool, type(None))
 # Integers JSON tools and backends store exactly: 64 bits (Python's own JSON encoder would
 # write any, but refuses past 4300 digits, and backends parse them as int64 or doubles).
 INT_MIN, INT_MAX = -(2**63), 2**64 - 1
+# Arrays and tensors up to this many values are metadata (a list); larger ones are data, for
+# an artifact: a backend's tag or parameter holds a few kilobytes at most.
+MAX_METADATA_ARRAY = 1000
 
 
 def _check_text(value: str, key: str) -> str:
     try:
-        value.encode("utf-8")
+        data = value.encode("utf-8")
     except UnicodeEncodeError:
         raise ValueError(
             f"metadata {key!r}: the text holds a lone surrogate ({value[:40]!r}), which no "
             "backend can store"
         ) from None
+    # A subclass of str (numpy.str_) becomes a plain str.
+    return value if type(value) is str else data.decode("utf-8")
+
+
+def _check_int(value: int, key: str) -> int:
+    if not INT_MIN <= value <= INT_MAX:
+        raise ValueError(f"metadata {key!r}: the integer does not fit in 64 bits")
     return value
 
 
@@ -259,15 +283,28 @@ def json_copy(value: object, key: str, _path: tuple[int, ...] = ()) -> object:
     """A deep copy of ``value`` made of dict/list/str/int/float/bool/None, or TypeError or
     ValueError naming ``key``. Tuples become lists (as JSON would make them). NaN and
     infinities are kept; integers beyond 64 bits, text with lone surrogates and cycles are
-    refused (the spool and the backends could not store them)."""
-    if isinstance(value, _JSON_SCALARS):
+    refused (the spool and the backends could not store them).
+
+    Values with an obvious JSON form are converted: numpy scalars to numbers, numpy arrays
+    and tensors of at most ``MAX_METADATA_ARRAY`` values to lists, dataclasses and
+    ``argparse.Namespace`` to dicts of their fields, paths to str, an ``Enum`` to its value,
+    ``datetime``, ``date`` and ``time`` to ISO 8601 text.
+    """
+    kind = type(value)
+    if kind is float or kind is bool or value is None:
         return value
+    if kind is str:
+        return _check_text(value, key)  # type: ignore[arg-type]
+    if kind is int:
+        return _check_int(value, key)  # type: ignore[arg-type]
+    if isinstance(value, Enum):  # before str and int: an IntEnum or a StrEnum is both
+        return json_copy(value.value, key, _path)
+    if isinstance(value, float):  # numpy.float64 and other subclasses: a plain float
+        return float(value)
     if isinstance(value, str):
         return _check_text(value, key)
     if isinstance(value, int):
-        if not INT_MIN <= value <= INT_MAX:
-            raise ValueError(f"metadata {key!r}: the integer does not fit in 64 bits")
-        return value
+        return _check_int(int(value), key)
     if id(value) in _path:
         raise ValueError(f"metadata {key!r}: the value contains itself (a cycle)")
     path = (*_path, id(value))
@@ -280,10 +317,54 @@ def json_copy(value: object, key: str, _path: tuple[int, ...] = ()) -> object:
         return out
     if isinstance(value, (list, tuple)):
         return [json_copy(v, f"{key}[{i}]", path) for i, v in enumerate(value)]
+    converted = _json_form(value, key)
+    if converted is not _NO_FORM:
+        return json_copy(converted, key, path)
     raise TypeError(
-        f"metadata {key!r}: {type(value).__name__} is not JSON data "
-        "(use dict, list, str, int, float, bool or None)"
+        f"metadata {key!r}: {type(value).__name__} is not JSON data (use dict, list, str, "
+        "int, float, bool, None, or numpy values, dataclasses, Namespace, Path, Enum, datetime)"
     )
+
+
+_NO_FORM = object()
+
+
+def _json_form(value: object, key: str) -> object:
+    """The obvious JSON form of a value that has one (converted further by json_copy), else
+    ``_NO_FORM``. numpy and torch are looked up, not imported: a value can only be theirs
+    if the caller imported them."""
+    if isinstance(value, (datetime.date, datetime.time)):  # datetime is a date
+        return value.isoformat()
+    if isinstance(value, PurePath):
+        return str(value)
+    if isinstance(value, argparse.Namespace):
+        return vars(value)
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        # Field by field, not dataclasses.asdict(): that deep-copies every field value,
+        # which may be large or uncopyable; json_copy makes the copy it needs.
+        return {f.name: getattr(value, f.name) for f in dataclasses.fields(value)}
+    numpy = sys.modules.get("numpy")
+    if numpy is not None:
+        if isinstance(value, numpy.generic):
+            return value.item()
+        if isinstance(value, numpy.ndarray):
+            _check_size(value.size, key, "an array")
+            return value.tolist()
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(value, torch.Tensor):
+        if value.device.type == "meta":
+            raise TypeError(f"metadata {key!r}: a tensor on the meta device has no value")
+        _check_size(value.numel(), key, "a tensor")
+        return value.tolist()
+    return _NO_FORM
+
+
+def _check_size(size: int, key: str, what: str) -> None:
+    if size > MAX_METADATA_ARRAY:
+        raise ValueError(
+            f"metadata {key!r}: {what} of {size} values is too large for metadata (at most "
+            f"{MAX_METADATA_ARRAY}); save it to a file and record that with add_artifact"
+        )
 
 
 def check_metadata(kwargs: Mapping[str, object]) -> dict[str, object]:

@@ -69,6 +69,7 @@ from async_tracker.report import BackendStatus, FlushReport, TrackerStatus
 from async_tracker.retry import RetryPolicy
 from async_tracker.settings import CLOSE_SLACK_S, OverflowPolicy, RunOptions
 from async_tracker.spool import check_run_id, default_spool_dir, has_spool
+from async_tracker.system_metrics import SystemMetrics
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -124,6 +125,8 @@ class AppRun:
         close_timeout: seconds ``close()`` and the exit hook wait at most.
         retry: how each backend's lane retries transient failures.
         strict: ``close()`` raises :class:`DeliveryError` when its report is not ok.
+        system_metrics: seconds between samples of CPU, memory and GPU use, logged under
+            ``system/`` (see :mod:`async_tracker.system_metrics`); None or 0: none.
         clock: the wall clock that stamps records (seconds since the epoch).
     """
 
@@ -142,6 +145,7 @@ class AppRun:
         close_timeout: float | None = None,
         retry: RetryPolicy | None = None,
         strict: bool | None = None,
+        system_metrics: float | None = None,
         clock: Callable[[], float] = time.time,
         options: RunOptions | None = None,
         _backend_names: Sequence[str] | None = None,
@@ -164,6 +168,7 @@ class AppRun:
             "close_timeout": close_timeout,
             "retry": retry,
             "strict": strict,
+            "system_metrics": system_metrics,
         }
         base = options or RunOptions()
         self.options = RunOptions(
@@ -212,12 +217,20 @@ class AppRun:
         if not _backend_names or _owns_backends:
             # Not for the read-only runs _relative() makes: the run they came from said it.
             self._warn_skipped_metrics()
+        # Built before the run is registered anywhere: without psutil it raises here.
+        self._system = (
+            SystemMetrics(self, self.options.system_metrics)
+            if self.options.system_metrics and self._async_backends and not _read_only
+            else None
+        )
         shutdown.register(self)
         if self._async_backends:
             shutdown.install_sigterm_handler()
             # Start the tracker loop now (importing anyio's backend takes tens of ms), so
             # that the first write costs what every other write costs.
             get_flusher()
+            if self._system is not None:
+                self._system.start(get_loop().submit)
             if not _read_only and has_spool(
                 self.options.spool_dir or default_spool_dir(), self.id
             ):
@@ -348,12 +361,16 @@ class AppRun:
 
     def _check_metric(
         self, name: object, value: object, step: object
-    ) -> tuple[str, float, int | None]:
+    ) -> tuple[str, Any, int | None]:  # the value: a float or a DeferredValue
         """log_metric's slow path: converts or raises naming the metric; a name not seen
-        before is also checked by every backend's ``validate``, then known."""
+        before is also checked by every backend's ``validate``, then known. A CUDA tensor
+        becomes a DeferredValue, read later on the tracker loop (see tensors.py)."""
         key, number, index = check_metric(name, value, step)
         if key not in self._metric_names:
-            self._validate(TrackerMetric(key, number, index or 0, 0.0))
+            # A deferred value is not known yet: backends check the name (values are all
+            # floats, which the generic checks cover).
+            known = number if type(number) is float else 0.0
+            self._validate(TrackerMetric(key, known, index or 0, 0.0))
             if len(self._metric_names) < MAX_KNOWN_METRIC_NAMES:
                 self._metric_names.add(key)
         return key, number, index
@@ -451,6 +468,8 @@ class AppRun:
     ) -> Callable[[float], FlushReport]:
         """Begins closing and returns a function that waits for the report. Split so that
         the exit hook can close every run at once."""
+        if self._system is not None:
+            self._system.stop()
         with self._start_lock:
             self.closed = True
             self._append = self._extend = self._closed_append
@@ -595,6 +614,7 @@ class AppRun:
         self._ingress.clear()
         self._pipeline = None
         self._close_future = None
+        self._system = None  # the parent samples; its task is not ours to stop
         self._start_lock = threading.RLock()
         if not self.closed and self._async_backends:
             self._append, self._extend = self._first_append, self._first_extend

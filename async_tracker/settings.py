@@ -57,6 +57,9 @@ class RunOptions:
     close_timeout: float = DEFAULT_CLOSE_TIMEOUT_S
     retry: RetryPolicy = field(default_factory=RetryPolicy)
     strict: bool = False
+    # Seconds between samples of CPU, memory and GPU use, logged as metrics under system/
+    # (see system_metrics.py); None or 0: none.
+    system_metrics: float | None = None
 
     def __post_init__(self) -> None:
         if not self.flush_interval > 0:
@@ -77,6 +80,10 @@ class RunOptions:
             )
         if not self.close_timeout >= 0:
             raise ValueError(f"close_timeout must be >= 0 seconds, got {self.close_timeout!r}")
+        if self.system_metrics is not None and not self.system_metrics >= 0:
+            raise ValueError(
+                f"system_metrics must be >= 0 seconds (0: off), got {self.system_metrics!r}"
+            )
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> RunOptions:
@@ -96,7 +103,7 @@ class RunOptions:
 def _parse(name: str, raw: str) -> object:
     var = ENV_PREFIX + name.upper()
     try:
-        if name in ("flush_interval", "close_timeout", "overflow_timeout"):
+        if name in ("flush_interval", "close_timeout", "overflow_timeout", "system_metrics"):
             return float(raw)
         if name in ("batch_size", "max_buffered"):
             return int(raw)

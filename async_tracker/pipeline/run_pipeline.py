@@ -36,6 +36,7 @@ from async_tracker.report import FlushReport, TrackerStatus
 from async_tracker.settings import SPOOL_GRACE_S, RunOptions
 from async_tracker.spool.io import SpoolIO, thread_io
 from async_tracker.spool.store import Spool, default_spool_dir, new_token
+from async_tracker.tensors import DeferredValue, settle
 
 logger = logging.getLogger(__name__)
 
@@ -106,9 +107,15 @@ class RunPipeline:
         self._set_hot = set_hot
         self._hot: HotPath = "plain"
         self.packed = Packed()
+        # Records taken from the ingress whose first one has a metric value still being
+        # computed on a device (see tensors.py): they wait here, in order, ahead of the rest.
+        self.unsettled = Ingress()
+        self._stalled = False  # this cut stopped at such a value
+        # Once close's deadline has passed: why values still not ready are dropped.
+        self._give_up: str | None = None
         # Where records wait, oldest first: after a switch, the structure written to before
-        # it holds only older records, so it is drained first.
-        self._sources: list[Ingress | Packed] = [ingress, self.packed]
+        # it holds only older records, so it is drained first. Held records are older still.
+        self._sources: list[Ingress | Packed] = [self.unsettled, ingress, self.packed]
         self.overloaded = False
         self._block_expired = False
         self._room = threading.Event()  # set while not overloaded: blocked writers wait on it
@@ -141,6 +148,7 @@ class RunPipeline:
         (unless ``everything``)."""
         self.check_memory()
         self.last_cut = self.clock.now()
+        self._stalled = False
         limit = self.options.max_buffered
         if self.options.overflow == "drop_oldest" and self.waiting() > limit:
             excess = self.waiting() - limit
@@ -167,7 +175,9 @@ class RunPipeline:
                 # A long cut shares the GIL with writers that may be filling the ingress
                 # faster than it drains: look at the bound between batches, not only at ticks.
                 self.check_memory()
-            if len(source):
+                if self._stalled:
+                    break
+            if len(source) or self._stalled:
                 break  # the rest of this one first: newer sources wait behind it
 
     def _take_batch(self, source: Ingress | Packed, limit: int) -> Batch | None:
@@ -177,8 +187,33 @@ class RunPipeline:
             columns = self.packed.take_columns(limit)
             if columns is not None:
                 return self.cutter.cut_columns(columns)
-        records = _take(source, limit)
-        return self.cutter.cut(records) if records else None
+        while True:
+            records = _take(source, limit)
+            if records and DeferredValue.made:
+                records = self._settle(records)
+                if not records and not self._stalled:
+                    continue  # every point taken was lost (and counted): take the next
+            return self.cutter.cut(records) if records else None
+
+    def _settle(self, records: list[Record]) -> list[Record]:
+        """The records whose device values are known, with those values; from the first
+        not yet known on, records wait in ``unsettled`` (before they get their numbers, so
+        that their order is kept: the next cut starts with them)."""
+        ready, waiting, lost = settle(records, self._give_up)
+        if waiting:
+            self.unsettled.put_back(waiting)
+            self._stalled = True
+        if lost:
+            logger.warning(
+                "async_tracker: run %r: %d metric points lost: %s",
+                self.run_id, len(lost), "; ".join(lost[:3]),
+            )
+            for lane in self.lanes:
+                if lane.takes_metrics:
+                    lane.dropped += len(lost)
+                    more = f" and {len(lost) - 1} more" if len(lost) > 1 else ""
+                    lane.refused.append(f"{len(lost)} records: {lost[0]}{more}")
+        return ready
 
     def _shed(self, records: list[Record]) -> None:
         """drop_oldest, for records still in the ingress: the metrics go (their steps still
@@ -199,10 +234,10 @@ class RunPipeline:
         """Records of this run in memory: the ingress (the packed one too: a writer that
         keeps it filling keeps the overload going), and the most any lane holds."""
         lanes = max((lane.memory for lane in self.lanes), default=0)
-        return len(self.ingress) + len(self.packed) + lanes
+        return self.waiting() + lanes
 
     def waiting(self) -> int:
-        return len(self.ingress) + len(self.packed)
+        return len(self.unsettled) + len(self.ingress) + len(self.packed)
 
     def _switch(self, to: HotPath) -> None:
         """Swaps the hot path between the deque and the packed ingress. Once set_hot has
@@ -311,10 +346,14 @@ class RunPipeline:
         write each to disk before the next (memory stays bounded while a flush drains)."""
         self.cut()
         stalled = 0
-        while len(self.packed):
+        while len(self.packed) or len(self.unsettled):
             before = (len(self.packed), [lane.memory for lane in self.lanes])
+            # Also a device value's short wait: polled, so that the loop goes on meanwhile.
             await self.clock.sleep(PACKED_PAUSE_S)
             self.cut()
+            if len(self.unsettled):
+                stalled = 0  # waiting for a device, not for the lanes
+                continue
             # Lanes that cannot spill (a full disk) would make this wait forever: after a
             # while without progress, take the rest into memory (it is pending there).
             progress = (len(self.packed), [lane.memory for lane in self.lanes]) != before
@@ -343,6 +382,8 @@ class RunPipeline:
     async def _close(self, deadline: float, reason: CloseReason) -> FlushReport:
         with self.clock.deadline(deadline):
             await self._cut_all()
+        # Device values not computed by now are dropped (counted), not waited for.
+        self._give_up = "its device had not computed the value by close's deadline"
         self.cut(everything=True)  # what the deadline left packed: to the lanes, then disk
         for lane in self.lanes:
             lane.begin_close(deadline)

@@ -250,7 +250,7 @@ BAD_CALLS: list[tuple[str, Callable[[AppRun], None], type[Exception], str]] = [
     ("metadata set", lambda r: r.add_metadata(ok=1, tags={"a"}), TypeError, "tags"),
     ("metadata nested", lambda r: r.add_metadata(cfg={"a": [1, object()]}), TypeError, "cfg.a[1]"),
     ("metadata key not str", lambda r: r.add_metadata(cfg={1: 2}), TypeError, "cfg"),
-    ("metadata numpy", lambda r: r.add_metadata(arr=np.zeros(2)), TypeError, "arr"),
+    ("metadata numpy too big", lambda r: r.add_metadata(arr=np.zeros(1001)), ValueError, "arr"),
     ("metadata empty key", lambda r: r.add_metadata(**{"": 1}), ValueError, "metadata key"),
     ("artifact name", lambda r: r.add_artifact(None, "/p"), TypeError, "artifact name"),  # type: ignore[arg-type]
     ("artifact path", lambda r: r.add_artifact("model", 3), TypeError, "model"),  # type: ignore[arg-type]

@@ -138,3 +138,13 @@ def test_plot_returns_a_figure_of_the_runs_curves_after_close(tmp_path: Path) ->
     assert [ax.get_title(loc="left") for ax in run.plot(["acc"]).axes] == ["acc"]
     with pytest.raises(ValueError, match="no metric 'nope'"):
         run.plot(["nope"])
+
+
+def test_environment_options_apply_and_keywords_win(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("ASYNC_TRACKER_CLOSE_TIMEOUT", "7")
+    monkeypatch.setenv("ASYNC_TRACKER_BATCH_SIZE", "123")
+    run = async_tracker.init("p", dir=str(tmp_path), batch_size=456)
+    assert (run.options.close_timeout, run.options.batch_size) == (7.0, 456)
+    run.close()
