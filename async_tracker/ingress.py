@@ -37,7 +37,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Collection
-from types import CodeType
+from types import CodeType, FrameType
 from typing import Any, Final
 
 from async_tracker.records import MetricColumns
@@ -265,33 +265,51 @@ def _current_frames() -> dict[int, Any]:
             gc.enable()
 
 
-def writers_inside(codes: Collection[CodeType]) -> int:
-    """How many threads other than this one are running one of ``codes`` (anywhere on their
-    stack). ``sys._current_frames`` takes the snapshot under the GIL: it is consistent."""
+def writers_inside(codes: Collection[CodeType]) -> dict[int, FrameType]:
+    """The threads other than this one running one of ``codes`` (anywhere on their stack),
+    each with the frame of that call. ``sys._current_frames`` takes the snapshot under the
+    GIL: it is consistent."""
     me = threading.get_ident()
-    busy = 0
+    inside: dict[int, FrameType] = {}
     for ident, frame in _current_frames().items():
         if ident == me:
             # This thread may be a signal handler that interrupted a write of its own: that
             # write resumes only after we return, so waiting for it would wait forever.
             continue
-        f: Any = frame
+        f: FrameType | None = frame
         while f is not None:
             if f.f_code in codes:
-                busy += 1
+                inside[ident] = f
                 break
             f = f.f_back
-    return busy
+    return inside
+
+
+def _still_running(call: FrameType, top: FrameType | None) -> bool:
+    while top is not None:
+        if top is call:
+            return True
+        top = top.f_back
+    return False
 
 
 def wait_for_writers(codes: Collection[CodeType], timeout: float) -> bool:
-    """Waits until no other thread is inside ``codes``; False if ``timeout`` passed first.
-    Polls with short sleeps, which release the GIL to the writers it waits for."""
+    """Waits until the writes under way now (calls of ``codes`` by other threads) have
+    returned; False if ``timeout`` passed first.
+
+    It waits for those very calls, by their frames, not for a moment when no thread is
+    inside ``codes``: a thread writing in a tight loop is inside a write nearly all the
+    time, but each of its calls ends within a few bytecodes. We hold the frames, so a new
+    call never gets the identity of one we wait for. Polls with short sleeps, which release
+    the GIL to the writers it waits for."""
+    waiting = writers_inside(codes)
     deadline = time.monotonic() + timeout
     pause = 0.0
-    while writers_inside(codes):
+    while waiting:
         if time.monotonic() >= deadline:
             return False
         time.sleep(pause)
         pause = min(0.001, pause * 2 or 0.00005)
+        now = _current_frames()
+        waiting = {i: f for i, f in waiting.items() if _still_running(f, now.get(i))}
     return True
