@@ -40,6 +40,9 @@ def replay(path: Path, spool: Path, run_id: str) -> None:
 
 CTRL_C_SCRIPT = """
 import signal, sys, threading
+# Ctrl-C as in a terminal, whatever this process inherited: a job started in the background
+# by a shell without job control has SIGINT ignored, and Python then keeps it ignored.
+signal.signal(signal.SIGINT, signal.default_int_handler)
 from async_tracker import AppRun
 from tests.faulty import FaultyTracker, FileTracker, Hang
 
