@@ -102,6 +102,7 @@ def test_list_jobs_shows_status_time_params_metrics(
 
 
 def test_run_ids_by_unique_prefix(url: str, capsys: pytest.CaptureFixture[str]) -> None:
+    pytest.importorskip("matplotlib")  # one of the commands tried is plot (the plot extra)
     write_runs(url)
     assert run_json(capsys, "--store", url, "list", "metadata", "proj/al") == {
         "project": "proj", "lr": 0.1, "batch": 32,
@@ -144,6 +145,7 @@ def test_compare_shows_params_that_differ_and_metric_stats(
 
 
 def test_export_tensorboard(url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    pytest.importorskip("tensorboard")  # the tensorboard extra
     tensorboard = pytest.importorskip("async_tracker.backend.tensorboard")
     write_runs(url)
     out = tmp_path / "tb"
@@ -177,6 +179,7 @@ def test_export_without_the_tensorboard_extra(tmp_path: Path) -> None:
 
 
 def test_an_unreachable_store_is_one_line(tmp_path: Path) -> None:
+    pytest.importorskip("s3fs")  # the s3 extra
     with socket.socket() as s:  # a port nobody listens on
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]

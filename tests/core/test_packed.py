@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import math
 import struct
+import sys
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -123,6 +125,10 @@ def test_writers_racing_the_swaps_lose_nothing_and_keep_their_order() -> None:
         assert [p[2] for p in got if p[0] == f"t{t}"] == list(range(per_thread))
 
 
+@pytest.mark.skipif(
+    sys.version_info[:2] != (3, 11) and sys.version_info[:2] != (3, 10),
+    reason="stops at an opcode offset found on 3.10 and 3.11; 3.12 traces calls differently",
+)
 def test_a_write_held_between_fetching_the_buffer_and_extending_it_is_not_lost() -> None:
     # The writer stops at its last opcode in Packed.append (it has fetched the old buffer's
     # extend, and calls it next) while the loop swaps the buffers and reads the old one.

@@ -12,7 +12,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import tomllib
 
 from async_tracker import AppRun
 from tests.core.helpers import REPO, python_env
@@ -43,6 +42,8 @@ def torchx_tracker_python(torchx_python: Path) -> Path:
     """torchx's venv, with async_tracker's light dependencies added (async_tracker itself
     comes from this checkout through PYTHONPATH). fsspec and filelock are torchx's too."""
     # Our dependencies as pyproject.toml lists them (names only: the pins are constraints').
+    import tomllib  # here: the module imports on 3.10 too (these tests need 3.11's venv)
+
     project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
     # Those with an environment marker may not apply to that venv: pip decides.
     unmarked = [dep for dep in project["dependencies"] if ";" not in dep]
