@@ -21,13 +21,13 @@ Example::
 from __future__ import annotations
 
 import concurrent.futures
-import functools
 import logging
 import os
 import threading
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from itertools import repeat
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, SupportsFloat, SupportsIndex, TypeVar
 
@@ -49,7 +49,15 @@ from async_tracker.factory import (
     factories_from_environ,
     trackers_config_from_environ,
 )
-from async_tracker.ingress import ARTIFACT, METADATA, SOURCE, Ingress, wait_for_writers
+from async_tracker.ingress import (
+    ARTIFACT,
+    METADATA,
+    SOURCE,
+    Ingress,
+    Record,
+    Sink,
+    wait_for_writers,
+)
 from async_tracker.loop import get_loop, wait_future
 from async_tracker.pipeline.flusher import get_flusher
 from async_tracker.pipeline.lane import Lane
@@ -78,6 +86,12 @@ logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
+# The wall clock that stamps records (seconds since the epoch): a module global, which the
+# hot path calls for less than an attribute of the run costs. Tests set it with monkeypatch.
+_wall_clock: Callable[[], float] = time.time
+
+_FLOAT_ONLY = frozenset({float})
+
 # How many metric names a run remembers as checked (its hot path skips their checks).
 MAX_KNOWN_METRIC_NAMES = 100_000
 Backend = TrackerBase | AsyncTrackerBase | TrackerLike
@@ -91,20 +105,68 @@ class AppRunTrackableSource:
     artifact_name: str | None
 
 
-def _discard(record: object) -> None:
-    """The append (and extend) of a run with no backend (``<UNDEFINED>`` job id): writes go
-    nowhere."""
+# The sinks a run's writes go to besides the ingress (see ingress.Sink): swapping the sink
+# keeps every state check (started? closed?) off the hot path.
 
 
-def _nowhere(run: AppRun, record: object) -> None:
+class _Discard:
+    """The sink of a run with no backend (``<UNDEFINED>`` job id): writes go nowhere."""
+
+    def append(self, record: Record) -> None:
+        pass
+
+    def extend(self, records: list[Record]) -> None:
+        pass
+
+
+_DISCARD = _Discard()
+
+
+class _Nowhere(_Discard):
     """The first write of the environment's run without a job id: warns once, then discards
     (this write and every later one)."""
-    run._append = run._extend = _discard
-    logger.warning(
-        "async_tracker: AppRun.run_from_env() has no %s, so its writes are not recorded; "
-        "set it (torchx does), or use async_tracker.init(project) for a run in ./tracker_runs",
-        ENV_TORCHX_JOB_ID,
-    )
+
+    def __init__(self, run: AppRun) -> None:
+        self._run = run
+
+    def append(self, record: Record) -> None:
+        self._run._sink = _DISCARD
+        logger.warning(
+            "async_tracker: AppRun.run_from_env() has no %s, so its writes are not recorded; "
+            "set it (torchx does), or use async_tracker.init(project) for a run in "
+            "./tracker_runs",
+            ENV_TORCHX_JOB_ID,
+        )
+
+    def extend(self, records: list[Record]) -> None:
+        self.append(records[0])
+
+
+class _FirstWrite:
+    """The sink until the first write, which starts the run's pipeline and goes on to the
+    ingress."""
+
+    def __init__(self, run: AppRun) -> None:
+        self._run = run
+
+    def append(self, record: Record) -> None:
+        self._run._ensure_started().ingress.append(record)
+
+    def extend(self, records: list[Record]) -> None:
+        self._run._ensure_started().ingress.extend(records)
+
+
+class _Closed:
+    """The sink of a closed run: every write raises."""
+
+    def __init__(self, run_id: str) -> None:
+        self._run_id = run_id
+
+    def append(self, record: object) -> None:
+        raise TrackerClosedError(f"run {self._run_id!r} is closed; it accepts no more writes")
+
+    def extend(self, records: object) -> None:
+        self.append(records)
 
 
 class AppRun:
@@ -127,7 +189,6 @@ class AppRun:
         strict: ``close()`` raises :class:`DeliveryError` when its report is not ok.
         system_metrics: seconds between samples of CPU, memory and GPU use, logged under
             ``system/`` (see :mod:`async_tracker.system_metrics`); None or 0: none.
-        clock: the wall clock that stamps records (seconds since the epoch).
     """
 
     def __init__(
@@ -146,7 +207,6 @@ class AppRun:
         retry: RetryPolicy | None = None,
         strict: bool | None = None,
         system_metrics: float | None = None,
-        clock: Callable[[], float] = time.time,
         options: RunOptions | None = None,
         _backend_names: Sequence[str] | None = None,
         _owns_backends: bool = False,
@@ -192,7 +252,6 @@ class AppRun:
         # Metric names that passed every check: the hot path's set lookup. Bounded, so that
         # a run logging ever new names keeps its memory (those take the slow path).
         self._metric_names: set[str] = set()
-        self._clock = clock
         self._ingress = Ingress()
         # Reentrant: the SIGTERM handler closes runs on the main thread, which may be holding
         # this lock at that moment (in its first write, or in close()).
@@ -203,17 +262,11 @@ class AppRun:
         # a close() after a cancelled aclose()) waits for it instead of closing again.
         self._close_future: concurrent.futures.Future[FlushReport] | None = None
         self.closed = False
-        # The hot path calls self._append directly. Until the first write it starts the
-        # flusher; after close() it raises. Swapping the function keeps both checks off
-        # the hot path.
-        self._append: Callable[[tuple[Any, ...]], None] = (
-            self._first_append if self._async_backends else _discard
-        )
-        # log_metrics' twin of _append: all points of one call in one C call, so that a
-        # KeyboardInterrupt cannot keep some of them and lose the rest. Swapped with _append.
-        self._extend: Callable[[list[tuple[Any, ...]]], None] = (
-            self._first_extend if self._async_backends else _discard
-        )
+        # Where writes go now (see ingress.Sink): the hot path calls self._sink.append (or
+        # extend, for log_metrics: all points of one call in one C call, so that a
+        # KeyboardInterrupt cannot keep some of them and lose the rest). Until the first
+        # write the sink starts the flusher; after close() it raises.
+        self._sink: Sink = _FirstWrite(self) if self._async_backends else _DISCARD
         if not _backend_names or _owns_backends:
             # Not for the read-only runs _relative() makes: the run they came from said it.
             self._warn_skipped_metrics()
@@ -302,7 +355,7 @@ class AppRun:
         Values must be JSON data (dict, list, str, int, float, bool, None)."""
         metadata = check_metadata(kwargs)
         self._validate(metadata)
-        self._append((METADATA, (metadata, int(self._clock() * 1_000_000_000))))
+        self._sink.append((METADATA, (metadata, int(_wall_clock() * 1_000_000_000))))
 
     def add_artifact(
         self, name: str, path: str, metadata: Mapping[str, object] | None = None
@@ -310,54 +363,64 @@ class AppRun:
         """Records an artifact: a name, where it lives, and optional metadata."""
         artifact = check_artifact(name, path, metadata)
         self._validate(artifact)
-        self._append((ARTIFACT, artifact))
+        self._sink.append((ARTIFACT, artifact))
 
     def add_source(self, source_id: str, artifact_name: str | None = None) -> None:
         """Records that this run derives from ``source_id`` (a parent run, a data set ...)."""
         source = check_source(source_id, artifact_name)
         self._validate(source)
-        self._append((SOURCE, source))
+        self._sink.append((SOURCE, source))
 
     def log_metric(
         self, name: str, value: SupportsFloat, step: SupportsIndex | None = None
     ) -> None:
         """Records one metric point. ``value`` is anything ``float()`` takes (numpy scalars,
         0-d tensors); ``step`` defaults to the metric's previous step plus one."""
-        # The common case (a name seen before, a float value, an int or no step) costs two
-        # type checks and a set lookup; anything else takes the slow path, which converts,
-        # checks (also with every backend's validate) or raises.
-        if (
-            type(name) is not str
-            or name not in self._metric_names
-            or type(value) is not float
-            or (step is not None and type(step) is not int)
-        ):
+        # The common case (a name seen before, a float value, an int or no step) costs a set
+        # lookup and two type checks; anything else takes the slow path, which converts,
+        # checks (also with every backend's validate) or raises. The set holds only names
+        # that passed the checks, so a name found in it is a str equal to one of them (a str
+        # subclass passes as it is): no type check of the name. An unhashable name raises
+        # TypeError in the lookup, and the slow path says what is wrong with it.
+        try:
+            if (
+                name not in self._metric_names
+                or type(value) is not float
+                or (step is not None and type(step) is not int)
+            ):
+                name, value, step = self._check_metric(name, value, step)
+        except TypeError:
             name, value, step = self._check_metric(name, value, step)
-        self._append((name, value, step, self._clock()))
+        self._sink.append((name, value, step, _wall_clock()))
 
     def log_metrics(
         self, metrics: Mapping[str, SupportsFloat], step: SupportsIndex | None = None
     ) -> None:
         """Records several metrics at one step and time. All are checked before any is kept."""
-        if not isinstance(metrics, Mapping):
+        if type(metrics) is not dict and not isinstance(metrics, Mapping):
             raise TypeError(
                 f"metrics must be a mapping of name to value, got {type(metrics).__name__}"
             )
-        now = self._clock()
-        step_ok = step is None or type(step) is int
-        points: list[tuple[object, ...]] = []
-        for name, value in metrics.items():
-            # The same fast path as log_metric; every point is checked before any is kept.
-            if (
-                type(name) is not str
-                or name not in self._metric_names
-                or type(value) is not float
-                or not step_ok
-            ):
-                points.append((*self._check_metric(name, value, step), now))
-            else:
-                points.append((name, value, step, now))
-        self._extend(points)
+        now = _wall_clock()
+        # The common case checked by whole-call C loops (log_metric's checks, for every
+        # point at once): every name known, every value a float, the step an int or None.
+        try:
+            fast = (
+                (step is None or type(step) is int)
+                and self._metric_names.issuperset(metrics)
+                and _FLOAT_ONLY.issuperset(map(type, metrics.values()))
+            )
+        except TypeError:  # an unhashable name: the slow path says what is wrong with it
+            fast = False
+        if fast:
+            n = len(metrics)
+            points = list(zip(metrics, metrics.values(), repeat(step, n), repeat(now, n)))
+        else:
+            # Point by point; every point is checked before any is kept.
+            points = [
+                (*self._check_metric(name, value, step), now) for name, value in metrics.items()
+            ]
+        self._sink.extend(points)
 
     def _check_metric(
         self, name: object, value: object, step: object
@@ -380,14 +443,6 @@ class AppRun:
             validate(record)
 
     # -- lifecycle ----------------------------------------------------------------------------
-    def _first_append(self, record: tuple[Any, ...]) -> None:
-        self._ensure_started()
-        self._append(record)
-
-    def _first_extend(self, records: list[tuple[Any, ...]]) -> None:
-        self._ensure_started()
-        self._extend(records)
-
     def _ensure_started(self) -> RunPipeline:
         with self._start_lock:
             if self._pipeline is None:
@@ -406,8 +461,7 @@ class AppRun:
                 # Registration runs on the loop (the lanes become its tasks); we do not wait
                 # for it: records appended meanwhile simply wait in the buffer.
                 flusher.loop.submit(flusher.add, self._pipeline)
-                self._append = self._ingress.append
-                self._extend = self._ingress.extend
+                self._sink = self._ingress.sink
                 # Held until closed: a run dropped without close() still has records to
                 # deliver, and the exit hook must find it.
                 shutdown.hold(self)
@@ -415,23 +469,20 @@ class AppRun:
 
     def _set_hot(self, mode: HotPath) -> None:
         """The pipeline's switch of the hot path into and out of an overload (on the tracker
-        loop). Under the lock, so that it never undoes close()'s switch to _closed_append;
+        loop). Under the lock, so that it never undoes close()'s switch to the closed sink;
         then it waits until no writer still uses the old path (see ingress.py)."""
         with self._start_lock:
             pipeline = self._pipeline
             if self.closed or pipeline is None:
                 return
             if mode == "block":
-                self._append, self._extend = pipeline.blocking_append, pipeline.blocking_extend
+                self._sink = pipeline.blocking
             elif mode == "packed":
-                self._append, self._extend = pipeline.packed.append, pipeline.packed.extend
+                self._sink = pipeline.packed
             else:
-                self._append, self._extend = self._ingress.append, self._ingress.extend
+                self._sink = self._ingress.sink
         if mode != "block" and not wait_for_writers(_WRITE_CODES, 1.0):
             logger.warning("async_tracker: run %r: a writer is stuck in a write", self.id)
-
-    def _closed_append(self, record: object) -> None:
-        raise TrackerClosedError(f"run {self.id!r} is closed; it accepts no more writes")
 
     def _run_on_loop(
         self, fn: Callable[..., Awaitable[T]], *args: Any, timeout: float | None = None
@@ -472,7 +523,7 @@ class AppRun:
             self._system.stop()
         with self._start_lock:
             self.closed = True
-            self._append = self._extend = self._closed_append
+            self._sink = _Closed(self.id)
             pipeline = self._pipeline
         if pipeline is not None:
             # Writers blocked by the block policy give up now; then wait until no thread is
@@ -617,7 +668,7 @@ class AppRun:
         self._system = None  # the parent samples; its task is not ours to stop
         self._start_lock = threading.RLock()
         if not self.closed and self._async_backends:
-            self._append, self._extend = self._first_append, self._first_extend
+            self._sink = _FirstWrite(self)
 
     # -- reads ---------------------------------------------------------------------------------
     def _reader(self) -> tuple[AsyncTrackerBase, list[Lane]] | None:
@@ -777,7 +828,7 @@ def _build_run_from_env() -> AppRun:
         # Not launched as a job: no canonical id exists, so nothing is recorded (as in
         # torchx), but the first write says so instead of going nowhere silently.
         run = AppRun(job_id, [], options=options)
-        run._append = run._extend = functools.partial(_nowhere, run)
+        run._sink = _Nowhere(run)
         return run
     config = trackers_config_from_environ()
     named = build_named_trackers(config, factories_from_environ(config))

@@ -11,7 +11,6 @@ assert on what it recorded::
 
 from __future__ import annotations
 
-import itertools
 import operator
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -26,8 +25,8 @@ from async_tracker.records import (
     sort_points,
 )
 
-_NAME = operator.itemgetter(0)
-_STEP_TIME = operator.itemgetter(2, 3)
+# A point's identity: its name, step and time (a retry of the same point has the same).
+_POINT_KEY = operator.itemgetter(0, 2, 3)
 
 
 @dataclass
@@ -35,11 +34,20 @@ class _Run:
     metadata: dict[str, object] = field(default_factory=dict)
     artifacts: dict[str, TrackerArtifact] = field(default_factory=dict)
     sources: list[TrackerSource] = field(default_factory=list)
-    metrics: dict[str, dict[tuple[int, float], TrackerMetric]] = field(default_factory=dict)
+    # Points of every name in one dict, keyed by (name, step, time): stored with one C-level
+    # update per batch (points of several names interleave, so a loop per name would be a
+    # Python loop per point); reads group them by name.
+    metrics: dict[tuple[str, int, float], TrackerMetric] = field(default_factory=dict)
+
+    def by_name(self) -> dict[str, list[TrackerMetric]]:
+        out: dict[str, list[TrackerMetric]] = {}
+        for point in self.metrics.values():
+            out.setdefault(point.name, []).append(point)
+        return {name: sort_points(points) for name, points in out.items()}
 
 
 class InMemoryTracker(AsyncTrackerBase):
-    """Runs kept in a dict. Metric points are keyed by (step, timestamp), so writing the same
+    """Runs kept in a dict. Metric points are keyed by (name, step, timestamp), so writing the same
     point twice (a retry) stores it once, as real backends do."""
 
     def __init__(self, name: str | None = None) -> None:
@@ -103,17 +111,13 @@ class InMemoryTracker(AsyncTrackerBase):
         ]
 
     async def add_metrics(self, run_id: str, metrics: Sequence[TrackerMetric]) -> None:
-        store = self._run(run_id).metrics
-        # By runs of one name (C loops inside): a flush is mostly a few long runs.
-        for name, group in itertools.groupby(metrics, key=_NAME):
-            points = list(group)
-            store.setdefault(name, {}).update(zip(map(_STEP_TIME, points), points))
+        self._run(run_id).metrics.update(zip(map(_POINT_KEY, metrics), metrics))
 
     async def metrics(self, run_id: str) -> Mapping[str, Sequence[TrackerMetric]]:
         run = self.runs.get(run_id)
         if run is None:
             return {}
-        return {name: sort_points(list(pts.values())) for name, pts in run.metrics.items()}
+        return run.by_name()
 
     async def write_batch(self, run_id: str, batch: Batch) -> None:
         await super().write_batch(run_id, batch)
@@ -122,9 +126,9 @@ class InMemoryTracker(AsyncTrackerBase):
     # Sync conveniences for assertions in tests (no I/O is involved).
     def points(self, run_id: str, name: str) -> list[TrackerMetric]:
         run = self.runs.get(run_id)
-        if run is None or name not in run.metrics:
+        if run is None:
             return []
-        return sort_points(list(run.metrics[name].values()))
+        return sort_points([p for p in run.metrics.values() if p.name == name])
 
     def __repr__(self) -> str:
         return f"InMemoryTracker(runs={len(self.runs)})"

@@ -28,7 +28,7 @@ import anyio
 from async_tracker.base import AsyncTrackerBase, CloseReason
 from async_tracker.clock import Clock
 from async_tracker.errors import TrackerClosedError
-from async_tracker.ingress import Ingress, Packed, Record
+from async_tracker.ingress import Ingress, Packed, Record, Sink
 from async_tracker.pipeline.cutter import Cutter
 from async_tracker.pipeline.lane import Lane, describe
 from async_tracker.records import Batch
@@ -102,7 +102,7 @@ class RunPipeline:
             for name, backend in backends
         ]
         # While overloaded, AppRun's hot path is swapped (set_hot) for the packed ingress
-        # (spool policy) or for blocking_append/extend (block policy): the only cost the
+        # (spool policy) or for the blocking sink (block policy): the only cost the
         # bound adds to the hot path. set_hot returns once no writer still uses the old one.
         self._set_hot = set_hot
         self._hot: HotPath = "plain"
@@ -292,14 +292,10 @@ class RunPipeline:
         for lane in self.lanes:
             lane.set_overloaded(spill)
 
-    def blocking_append(self, record: Record) -> None:
-        """The ``block`` policy's write (see :meth:`_block`)."""
-        self._block()
-        self.ingress.append(record)  # one append: the write is atomic, as on the hot path
-
-    def blocking_extend(self, records: list[Record]) -> None:
-        self._block()
-        self.ingress.extend(records)
+    @property
+    def blocking(self) -> Sink:
+        """The ``block`` policy's sink (see :meth:`_block`)."""
+        return _BlockingSink(self)
 
     def _block(self) -> None:
         """On the caller's thread: waits until the run is back within its bound, at most
@@ -448,3 +444,21 @@ class RunPipeline:
 
 def _take(source: Ingress | Packed, limit: int) -> list[Record]:
     return source.drain(limit) if isinstance(source, Ingress) else source.take(limit)
+
+
+class _BlockingSink:
+    """The ``block`` policy's writes: wait for room (:meth:`RunPipeline._block`), then one
+    append or extend of the ingress, atomic as on the hot path."""
+
+    __slots__ = ("_pipeline",)
+
+    def __init__(self, pipeline: RunPipeline) -> None:
+        self._pipeline = pipeline
+
+    def append(self, record: Record) -> None:
+        self._pipeline._block()
+        self._pipeline.ingress.append(record)
+
+    def extend(self, records: list[Record]) -> None:
+        self._pipeline._block()
+        self._pipeline.ingress.extend(records)

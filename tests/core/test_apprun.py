@@ -181,10 +181,13 @@ def test_default_step_is_previous_plus_one(make_run: MakeRun) -> None:
     assert [(p.step, p.value) for p in metrics["b"]] == [(0, 3.0), (1, 8.0), (20, 9.5)]
 
 
-def test_log_metrics_share_one_timestamp(make_run: MakeRun) -> None:
+def test_log_metrics_share_one_timestamp(
+    make_run: MakeRun, monkeypatch: pytest.MonkeyPatch
+) -> None:
     ticks = iter([100.0, 200.0, 300.0])
     mem = InMemoryTracker()
-    run = make_run("r", [mem], clock=lambda: next(ticks))
+    run = make_run("r", [mem])
+    monkeypatch.setattr("async_tracker.run._wall_clock", lambda: next(ticks))
     run.log_metrics({"a": 1.0, "b": 2.0, "c": 3.0}, step=0)
     run.log_metric("a", 1.5, step=0)
     metrics = run.metrics()
@@ -280,6 +283,51 @@ def test_bad_input_raises_naming_the_key_and_enqueues_nothing(
     assert mem.runs["r"].metadata == {"before": True}
     assert mem.runs["r"].metrics == {} and mem.runs["r"].artifacts == {}
     assert mem.runs["r"].sources == []
+
+
+@pytest.mark.parametrize(
+    ("call", "error", "key"),
+    [
+        (lambda r: r.log_metric(["loss"], 1.0, 1), TypeError, "metric name"),
+        (lambda r: r.log_metric("loss", "1.0", 1), TypeError, "loss"),
+        (lambda r: r.log_metric("loss", 1.0, 1.5), TypeError, "loss"),
+        (lambda r: r.log_metrics({("loss",): 1.0}, step=1), TypeError, "metric name"),
+        (lambda r: r.log_metrics({"loss": 1.0, "acc": None}, step=1), TypeError, "acc"),
+        (lambda r: r.log_metrics({"loss": 1.0, "acc": 2.0}, step="1"), TypeError, "loss"),
+    ],
+    ids=["unhashable name", "str value", "float step", "tuple name", "None value", "str step"],
+)
+def test_bad_input_after_the_names_are_known_raises_and_keeps_nothing(
+    make_run: MakeRun, call: Callable[[AppRun], None], error: type[Exception], key: str
+) -> None:
+    # Known names take the hot path's fast checks: each bad part still raises, naming it.
+    mem = InMemoryTracker()
+    run = make_run("r", [mem])
+    run.log_metrics({"loss": 0.5, "acc": 0.25}, step=0)
+    with pytest.raises(error) as info:
+        call(run)
+    assert key in str(info.value)
+    assert run.flush().delivered == 2
+    assert [p.step for p in mem.points("r", "loss")] == [0]
+    assert [p.step for p in mem.points("r", "acc")] == [0]
+
+
+def test_known_names_take_converted_values_and_str_subclasses(make_run: MakeRun) -> None:
+    class Name(str):
+        pass
+
+    mem = InMemoryTracker()
+    run = make_run("r", [mem])
+    run.log_metrics({"loss": 0.5, "acc": 0.25}, step=0)
+    run.log_metric("loss", np.float32(1.5), np.int64(1))
+    run.log_metrics({"loss": 2, "acc": np.float64(0.75)}, step=2)
+    run.log_metric(Name("loss"), 3.0, 3)
+    run.log_metrics({Name("acc"): 1.0}, step=3)
+    assert run.flush().ok
+    assert [(p.step, p.value) for p in mem.points("r", "loss")] == [
+        (0, 0.5), (1, 1.5), (2, 2.0), (3, 3.0)
+    ]
+    assert [(p.step, p.value) for p in mem.points("r", "acc")] == [(0, 0.25), (2, 0.75), (3, 1.0)]
 
 
 def test_bad_input_on_the_first_write_starts_nothing(make_run: MakeRun) -> None:
@@ -400,11 +448,14 @@ def test_strict_close_raises_when_not_everything_was_delivered(make_run: MakeRun
 # -- reports and status -------------------------------------------------------------------------
 
 
-def test_status_and_report_counters(make_run: MakeRun) -> None:
+def test_status_and_report_counters(
+    make_run: MakeRun, monkeypatch: pytest.MonkeyPatch
+) -> None:
     ticks = iter(float(i) for i in range(1000))
     good = InMemoryTracker(name="good")
     bad = FaultyTracker(name="bad").always("add_artifact", permanent("no artifacts here"))
-    run = make_run("r", [good, bad], clock=lambda: next(ticks))
+    run = make_run("r", [good, bad])
+    monkeypatch.setattr("async_tracker.run._wall_clock", lambda: next(ticks))
     before = run.status()
     assert isinstance(before, TrackerStatus) and before.run_id == "r" and not before.closed
 

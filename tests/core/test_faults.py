@@ -110,7 +110,7 @@ def test_a_retry_never_repeats_a_part_already_stored(make_run: MakeRun) -> None:
     mem = stored(flaky).runs["r"]
     assert mem.metadata == {"a": 1} and sorted(mem.artifacts) == ["first", "second"]
     assert mem.sources == [TrackerSource("parent", "model")]
-    assert {n: len(p) for n, p in mem.metrics.items()} == {"x": 1, "y": 1}
+    assert {n: len(p) for n, p in mem.by_name().items()} == {"x": 1, "y": 1}
 
 
 def test_metrics_failing_after_the_rest_are_retried_alone(make_run: MakeRun) -> None:

@@ -89,4 +89,4 @@ def test_first_writes_from_many_threads_start_one_flusher(make_run: MakeRun) -> 
             th.join()
         report = run.close()
         assert report.ok and report.delivered == THREADS
-        assert sorted(mem.runs[f"r{attempt}"].metrics) == sorted(f"m{t}" for t in range(THREADS))
+        assert sorted(mem.runs[f"r{attempt}"].by_name()) == sorted(f"m{t}" for t in range(THREADS))

@@ -393,16 +393,20 @@ def test_metadata_keys_read_back_in_call_order(tracker: FsspecTracker) -> None:
     assert tracker.metadata(RUN)["key0"] == "again"
 
 
-def test_a_later_call_wins_over_an_earlier_one_flushed_after_it(root: Path) -> None:
+def test_a_later_call_wins_over_an_earlier_one_flushed_after_it(
+    root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     # Two writers of one run (two processes, as two pipelines here), each with its own
     # clock: the earlier call (t=100) is flushed after the later one (t=200). The later call
     # must win, whatever the order of the flushes: keys are ordered by call time, not by
     # when their batch was cut.
     early = AppRun(RUN, [FsspecTracker(fsspec.filesystem("file"), str(root))],
-                   flush_interval=3600, clock=lambda: 100.0)
+                   flush_interval=3600)
     late = AppRun(RUN, [FsspecTracker(fsspec.filesystem("file"), str(root))],
-                  flush_interval=3600, clock=lambda: 200.0)
+                  flush_interval=3600)
+    monkeypatch.setattr("async_tracker.run._wall_clock", lambda: 100.0)
     early.add_metadata(lr=0.1, keep="early")
+    monkeypatch.setattr("async_tracker.run._wall_clock", lambda: 200.0)
     late.add_metadata(lr=0.2)
     assert late.flush().ok
     assert early.flush().ok

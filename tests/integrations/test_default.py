@@ -119,7 +119,7 @@ def test_a_given_run_is_flushed_not_closed() -> None:
         run.log_metric("loss", 1.0, step=0)
         handle.finish("finished")
         assert not run.closed
-        assert len(backend.runs["local://tests/given"].metrics["loss"]) == 1
+        assert len(backend.points("local://tests/given", "loss")) == 1
     assert handle.get() is run  # closed by its owner: not reopened by us
 
 

@@ -133,10 +133,11 @@ def test_metadata_tags_are_json_and_foreign_tags_read_as_strings(
 
 
 def test_metric_points_keep_client_timestamps_and_steps(
-    tracker: MLflowTracker, client: Any
+    tracker: MLflowTracker, client: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     times = iter([1_700_000_000.123, 1_700_000_001.456, 1_700_000_002.789])
-    with AppRun("r", [tracker], flush_interval=3600, clock=lambda: next(times)) as run:
+    monkeypatch.setattr("async_tracker.run._wall_clock", lambda: next(times))
+    with AppRun("r", [tracker], flush_interval=3600) as run:
         run.log_metric("loss", 1.0, step=10)
         run.log_metric("loss", 0.5)  # step 11
         run.log_metric("loss", math.inf, step=20)

@@ -339,7 +339,7 @@ class World:
         app = self._apps.get(run)
         if app is None:
             app = self._apps[run] = AppRun(run, [])
-        app._append, app._extend = inc.append, inc.extend
+        app._sink = inc
         name = f"w{writer}"
         step = model.steps[name]
         before = inc.pipeline.waiting()
