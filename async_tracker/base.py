@@ -166,7 +166,7 @@ class AsyncTrackerBase(ABC):
             if part not in batch.done:
                 await self.add_source(run_id, source.source_run_id, source.artifact_name)
                 batch.done.add(part)
-        if batch.metrics and self.supports_metrics and "metrics" not in batch.done:
+        if "metrics" not in batch.done and batch.points() and self.supports_metrics:
             await self.add_metrics(run_id, batch.metrics)
             batch.done.add("metrics")
 

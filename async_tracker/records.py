@@ -55,6 +55,11 @@ class TrackerMetric(NamedTuple):
     timestamp: float
 
 
+# A metric point as a plain tuple in TrackerMetric's field order: what the ingress holds, and
+# what the package's own backends read (they index points, and need no object per point).
+MetricRow = tuple[str, float, int, float]
+
+
 @dataclass
 class Lineage:
     """The runs a run derives from (``parents``) and the runs derived from it (``descendants``).
@@ -118,6 +123,12 @@ class Batch:
     def points(self) -> int:
         """How many metric points it holds."""
         return len(self.metrics)
+
+    def metric_rows(self) -> Sequence[MetricRow]:
+        """Its metric points as tuples ``(name, value, step, timestamp)``, in order: for
+        backends that index points. A batch cut from the ingress holds them so already
+        (:class:`RowBatch`), and reading them makes no object per point."""
+        return self.metrics
 
     def metric_columns(self) -> MetricColumns | None:
         """Its metric points as columns, when it holds them that way (see ColumnBatch)."""
@@ -191,6 +202,46 @@ class ColumnBatch(Batch):
         if self._columns is None or self._metrics is not None:
             return super().for_lane()
         return ColumnBatch(self.seq, self._columns, first=self.first, key=self.key)
+
+
+class RowBatch(Batch):
+    """A batch of metric points alone, held as the ingress's tuples (``MetricRow``) until
+    something reads ``metrics``: a backend that wants :class:`TrackerMetric` objects gets
+    them then, once; the package's own backends read :meth:`metric_rows` and never make
+    them (a flusher that makes an object per point takes that time from the training loop,
+    with which it shares the GIL)."""
+
+    def __init__(self, seq: int, rows: list[MetricRow], *, first: int, key: str) -> None:
+        super().__init__(seq, records=len(rows), first=first, key=key)
+        self._rows: list[MetricRow] | None = rows
+        self._metrics: list[TrackerMetric] | None = None
+
+    @property
+    def metrics(self) -> list[TrackerMetric]:
+        if self._metrics is None:
+            self._metrics = list(map(_new_point, _METRIC, self._rows or ()))
+        return self._metrics
+
+    @metrics.setter
+    def metrics(self, value: list[TrackerMetric]) -> None:
+        # Batch.__init__ sets [] first; the rows are set after it.
+        self._metrics = value
+        self._rows = None
+
+    def points(self) -> int:
+        if self._metrics is None and self._rows is not None:
+            return len(self._rows)
+        return len(self.metrics)
+
+    def metric_rows(self) -> Sequence[MetricRow]:
+        if self._metrics is None and self._rows is not None:
+            return self._rows
+        return self.metrics
+
+    def for_lane(self) -> Batch:
+        if self._metrics is not None or self._rows is None:
+            return super().for_lane()
+        return RowBatch(self.seq, self._rows, first=self.first, key=self.key)
 
 
 # ---------------------------------------------------------------------------------------------

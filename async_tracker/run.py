@@ -27,7 +27,6 @@ import threading
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from itertools import repeat
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, SupportsFloat, SupportsIndex, TypeVar
 
@@ -89,8 +88,6 @@ T = TypeVar("T")
 # The wall clock that stamps records (seconds since the epoch): a module global, which the
 # hot path calls for less than an attribute of the run costs. Tests set it with monkeypatch.
 _wall_clock: Callable[[], float] = time.time
-
-_FLOAT_ONLY = frozenset({float})
 
 # How many metric names a run remembers as checked (its hot path skips their checks).
 MAX_KNOWN_METRIC_NAMES = 100_000
@@ -402,21 +399,20 @@ class AppRun:
                 f"metrics must be a mapping of name to value, got {type(metrics).__name__}"
             )
         now = _wall_clock()
-        # The common case checked by whole-call C loops (log_metric's checks, for every
-        # point at once): every name known, every value a float, the step an int or None.
+        # The common case (log_metric's fast checks: every name known, every value a float,
+        # the step an int or None) in one comprehension that keeps only such points: if it
+        # kept them all, the call is done; else the slow path checks point by point, and
+        # every point is checked before any is kept.
+        known = self._metric_names
         try:
-            fast = (
-                (step is None or type(step) is int)
-                and self._metric_names.issuperset(metrics)
-                and _FLOAT_ONLY.issuperset(map(type, metrics.values()))
-            )
+            points = [
+                (name, value, step, now)
+                for name, value in metrics.items()
+                if name in known and type(value) is float
+            ]
         except TypeError:  # an unhashable name: the slow path says what is wrong with it
-            fast = False
-        if fast:
-            n = len(metrics)
-            points = list(zip(metrics, metrics.values(), repeat(step, n), repeat(now, n)))
-        else:
-            # Point by point; every point is checked before any is kept.
+            points = []
+        if len(points) != len(metrics) or (step is not None and type(step) is not int):
             points = [
                 (*self._check_metric(name, value, step), now) for name, value in metrics.items()
             ]

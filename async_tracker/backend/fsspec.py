@@ -92,6 +92,7 @@ from async_tracker.loop import wait_future
 from async_tracker.records import (
     Batch,
     Lineage,
+    MetricRow,
     TrackerArtifact,
     TrackerMetric,
     TrackerSource,
@@ -546,8 +547,8 @@ class AsyncFsspecTracker(AsyncTrackerBase):
             if part not in batch.done:
                 await self.add_source(run_id, src.source_run_id, src.artifact_name)
                 batch.done.add(part)
-        if batch.metrics and "metrics" not in batch.done:
-            await self._write_segment(run_id, batch.metrics, batch.names, batch.key)
+        if "metrics" not in batch.done and batch.points():
+            await self._write_segment(run_id, batch.metric_rows(), batch.names, batch.key)
             batch.done.add("metrics")
 
     async def _write_metadata(
@@ -594,7 +595,7 @@ class AsyncFsspecTracker(AsyncTrackerBase):
         await self._storage.rm_many(stale)
 
     async def _write_segment(
-        self, run_id: str, metrics: Sequence[TrackerMetric], names: dict[str, str], key: str = ""
+        self, run_id: str, metrics: Sequence[MetricRow], names: dict[str, str], key: str = ""
     ) -> None:
         # Grouped by name with C loops (a stable sort keeps each name's points in order,
         # zip makes the columns): no Python loop per point.

@@ -19,6 +19,7 @@ from async_tracker.base import AsyncTrackerBase
 from async_tracker.records import (
     Batch,
     Lineage,
+    MetricRow,
     TrackerArtifact,
     TrackerMetric,
     TrackerSource,
@@ -34,16 +35,23 @@ class _Run:
     metadata: dict[str, object] = field(default_factory=dict)
     artifacts: dict[str, TrackerArtifact] = field(default_factory=dict)
     sources: list[TrackerSource] = field(default_factory=list)
-    # Points of every name in one dict, keyed by (name, step, time): stored with one C-level
-    # update per batch (points of several names interleave, so a loop per name would be a
-    # Python loop per point); reads group them by name.
-    metrics: dict[tuple[str, int, float], TrackerMetric] = field(default_factory=dict)
+    # Points of every name in one dict, keyed by (name, step, time), as the batches held them
+    # (plain tuples, or TrackerMetric): stored with one C-level update per batch (points of
+    # several names interleave, so a loop per name would be a Python loop per point); reads
+    # make TrackerMetric objects and group them by name.
+    metrics: dict[tuple[str, int, float], MetricRow] = field(default_factory=dict)
+
+    def points(self, name: str | None = None) -> list[TrackerMetric]:
+        """The points of ``name`` (default: every name), ordered by step then time."""
+        return sort_points(
+            [TrackerMetric._make(p) for p in self.metrics.values() if name in (None, p[0])]
+        )
 
     def by_name(self) -> dict[str, list[TrackerMetric]]:
         out: dict[str, list[TrackerMetric]] = {}
-        for point in self.metrics.values():
+        for point in self.points():
             out.setdefault(point.name, []).append(point)
-        return {name: sort_points(points) for name, points in out.items()}
+        return out
 
 
 class InMemoryTracker(AsyncTrackerBase):
@@ -111,7 +119,10 @@ class InMemoryTracker(AsyncTrackerBase):
         ]
 
     async def add_metrics(self, run_id: str, metrics: Sequence[TrackerMetric]) -> None:
-        self._run(run_id).metrics.update(zip(map(_POINT_KEY, metrics), metrics))
+        self._store(run_id, metrics)
+
+    def _store(self, run_id: str, points: Sequence[MetricRow]) -> None:
+        self._run(run_id).metrics.update(zip(map(_POINT_KEY, points), points))
 
     async def metrics(self, run_id: str) -> Mapping[str, Sequence[TrackerMetric]]:
         run = self.runs.get(run_id)
@@ -120,15 +131,18 @@ class InMemoryTracker(AsyncTrackerBase):
         return run.by_name()
 
     async def write_batch(self, run_id: str, batch: Batch) -> None:
+        # The points as the batch holds them (no TrackerMetric per point: reads make them);
+        # the rest as the default does.
+        if batch.points() and "metrics" not in batch.done:
+            self._store(run_id, batch.metric_rows())
+            batch.done.add("metrics")
         await super().write_batch(run_id, batch)
         self.batches_written += 1
 
     # Sync conveniences for assertions in tests (no I/O is involved).
     def points(self, run_id: str, name: str) -> list[TrackerMetric]:
         run = self.runs.get(run_id)
-        if run is None:
-            return []
-        return sort_points([p for p in run.metrics.values() if p.name == name])
+        return [] if run is None else run.points(name)
 
     def __repr__(self) -> str:
         return f"InMemoryTracker(runs={len(self.runs)})"

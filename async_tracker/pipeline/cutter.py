@@ -14,7 +14,6 @@ costs a training loop that shares the GIL with it.
 from __future__ import annotations
 
 import functools
-import itertools
 import operator
 import time
 from array import array
@@ -25,6 +24,7 @@ from async_tracker.records import (
     Batch,
     ColumnBatch,
     MetricColumns,
+    RowBatch,
     TrackerArtifact,
     TrackerMetric,
     TrackerSource,
@@ -32,7 +32,6 @@ from async_tracker.records import (
 
 _NAME = operator.itemgetter(0)
 _STEP = operator.itemgetter(2)
-_METRIC = itertools.repeat(TrackerMetric)
 # Builds a TrackerMetric from a 4-tuple without its Python __new__ (a C call per point).
 _as_metric = functools.partial(tuple.__new__, TrackerMetric)
 # Past this many names in a run, the last steps of a column batch are found by one pass in
@@ -61,19 +60,20 @@ class Cutter:
         first = self.next_seq
         seq = first + len(records) - 1
         self.next_seq = seq + 1
-        batch = Batch(seq, records=len(records), first=first, key=self._key(seq))
         try:
             # Only metric records have a third item: any other record ends the fast path.
             steps = list(map(_STEP, records))
         except IndexError:
             steps = [None]
         if None in steps:
-            self._mixed(records, batch)  # others, or step-less points: the per-record loop
-        else:
-            # The last step of each name is its last point's: dict.update keeps the last.
-            self.last_step.update(zip(map(_NAME, records), steps))
-            batch.metrics = list(map(tuple.__new__, _METRIC, records))
-        return batch
+            # Others, or step-less points: the per-record loop.
+            batch = Batch(seq, records=len(records), first=first, key=self._key(seq))
+            self._mixed(records, batch)
+            return batch
+        # The last step of each name is its last point's: dict.update keeps the last. The
+        # records are metric rows as they are: no object per point.
+        self.last_step.update(zip(map(_NAME, records), steps))
+        return RowBatch(seq, list(records), first=first, key=self._key(seq))
 
     def cut_columns(self, columns: MetricColumns) -> Batch:
         """One batch of points taken as columns from the packed ingress (each with a step):
@@ -131,7 +131,7 @@ class Cutter:
 
 def items(batch: Batch) -> int:
     """How many separately storable items a batch holds (what a split can separate)."""
-    return len(batch.metadata) + len(batch.artifacts) + len(batch.sources) + len(batch.metrics)
+    return len(batch.metadata) + len(batch.artifacts) + len(batch.sources) + batch.points()
 
 
 def split(batch: Batch) -> list[Batch]:

@@ -625,9 +625,9 @@ class Lane:
             if self.memory <= self.memory_limit:
                 break
             batch = entry.batch
-            if batch is None or entry.segment is not None or not batch.metrics:
+            if batch is None or entry.segment is not None or not batch.points():
                 continue
-            n = len(batch.metrics)
+            n = batch.points()
             batch.metrics = []  # this lane's copy: the list itself is shared
             batch.records -= n
             entry.records -= n

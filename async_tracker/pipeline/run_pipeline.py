@@ -219,7 +219,7 @@ class RunPipeline:
         """drop_oldest, for records still in the ingress: the metrics go (their steps still
         count, and they keep their numbers), the rest is kept."""
         batch = self.cutter.cut(records)
-        shed = len(batch.metrics)
+        shed = batch.points()
         batch.metrics = []
         batch.records -= shed
         for lane in self.lanes:

@@ -30,7 +30,7 @@ def _encode_metrics(batch: Batch) -> list[object]:
     if held is not None:
         cols = (held.index, held.values, held.steps, held.times)
         return [list(held.names), *map(_b64bytes, cols)]
-    metrics = batch.metrics
+    metrics = batch.metric_rows()
     if not metrics:
         return [[], "", "", "", ""]
     names = list(map(_NAME, metrics))
