@@ -54,6 +54,7 @@ import hashlib
 import itertools
 import json
 import logging
+import math
 import operator
 import os
 import posixpath
@@ -69,6 +70,7 @@ from typing import Any, TypeVar
 import anyio
 import fsspec
 import fsspec.core
+import orjson
 from fsspec.implementations.local import LocalFileSystem
 
 from async_tracker.adapters import SyncTracker
@@ -295,6 +297,23 @@ def _encode_json(content: object, path: str) -> bytes:
         raise RecordError(
             f"fsspec cannot encode {path} as JSON: {type(exc).__name__}: {exc}"
         ) from exc
+
+
+def _encode_column(
+    name: str, steps: Sequence[int], values: Sequence[float], times: Sequence[float], path: str
+) -> bytes:
+    """One line of a metrics segment. orjson writes numbers some twenty times faster than the
+    json module (the flusher shares the GIL with the training loop), but writes NaN and
+    infinities as null: a column holding one (its sum is then not finite; a sum of finite
+    values that overflows only costs the slower path), or a step beyond 64 bits, takes the
+    json module, which keeps them."""
+    line = {"name": name, "step": steps, "value": values, "time": times}
+    if math.isfinite(sum(values)) and math.isfinite(sum(times)):
+        try:
+            return orjson.dumps(line, option=orjson.OPT_APPEND_NEWLINE)
+        except orjson.JSONEncodeError:
+            pass  # a step beyond 64 bits, a lone surrogate: json says which
+    return _encode_json(line, path) + b"\n"
 
 
 class _Storage:
@@ -607,8 +626,7 @@ class AsyncFsspecTracker(AsyncTrackerBase):
         columns = {name: grouped[name] for name in dict.fromkeys(map(_NAME, metrics))}
         where = self._path(run_id, METRICS_DIR)
         data = b"".join(
-            _encode_json({"name": n, "step": s, "value": v, "time": t}, f"metric {n!r} in {where}")
-            + b"\n"
+            _encode_column(n, s, v, t, f"metric {n!r} in {where}")
             for n, (s, v, t) in columns.items()
         )
         if key:

@@ -11,7 +11,6 @@ assert on what it recorded::
 
 from __future__ import annotations
 
-import operator
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -26,26 +25,24 @@ from async_tracker.records import (
     sort_points,
 )
 
-# A point's identity: its name, step and time (a retry of the same point has the same).
-_POINT_KEY = operator.itemgetter(0, 2, 3)
-
 
 @dataclass
 class _Run:
     metadata: dict[str, object] = field(default_factory=dict)
     artifacts: dict[str, TrackerArtifact] = field(default_factory=dict)
     sources: list[TrackerSource] = field(default_factory=list)
-    # Points of every name in one dict, keyed by (name, step, time), as the batches held them
-    # (plain tuples, or TrackerMetric): stored with one C-level update per batch (points of
-    # several names interleave, so a loop per name would be a Python loop per point); reads
-    # make TrackerMetric objects and group them by name.
-    metrics: dict[tuple[str, int, float], MetricRow] = field(default_factory=dict)
+    # Every point written, of every name, in write order, as the batches held them (plain
+    # tuples, or TrackerMetric): a write is one list.extend, in C, and a retry that writes a
+    # point again only appends it again. Reads make TrackerMetric objects and keep each
+    # (name, step, time) once, as a backend keyed by them would: the writes cost the
+    # flusher nothing per point, the deduplication is paid by the (rare) reads.
+    rows: list[MetricRow] = field(default_factory=list)
 
     def points(self, name: str | None = None) -> list[TrackerMetric]:
-        """The points of ``name`` (default: every name), ordered by step then time."""
-        return sort_points(
-            [TrackerMetric._make(p) for p in self.metrics.values() if name in (None, p[0])]
-        )
+        """The points of ``name`` (default: every name), each stored once, ordered by step
+        then time."""
+        unique = {(p[0], p[2], p[3]): p for p in self.rows if name in (None, p[0])}
+        return sort_points(list(map(TrackerMetric._make, unique.values())))
 
     def by_name(self) -> dict[str, list[TrackerMetric]]:
         out: dict[str, list[TrackerMetric]] = {}
@@ -55,8 +52,8 @@ class _Run:
 
 
 class InMemoryTracker(AsyncTrackerBase):
-    """Runs kept in a dict. Metric points are keyed by (name, step, timestamp), so writing the same
-    point twice (a retry) stores it once, as real backends do."""
+    """Runs kept in a dict. Metric points are told apart by (name, step, timestamp), so a
+    point written twice (a retry) is read once, as real backends store it."""
 
     def __init__(self, name: str | None = None) -> None:
         self.name = name
@@ -122,7 +119,7 @@ class InMemoryTracker(AsyncTrackerBase):
         self._store(run_id, metrics)
 
     def _store(self, run_id: str, points: Sequence[MetricRow]) -> None:
-        self._run(run_id).metrics.update(zip(map(_POINT_KEY, points), points))
+        self._run(run_id).rows.extend(points)
 
     async def metrics(self, run_id: str) -> Mapping[str, Sequence[TrackerMetric]]:
         run = self.runs.get(run_id)
