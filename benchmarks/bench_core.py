@@ -613,7 +613,7 @@ def print_report(res: dict[str, Any]) -> None:
         ok = c["ratio_vs_bare"] <= TARGET_CALL_RATIO
         print(
             f"  log_metric / bare append (medians, net): {c['ratio_vs_bare']:.2f}x  "
-            f"(target <= {TARGET_CALL_RATIO:.0f}x: {verdict(ok)})"
+            f"(target <= {TARGET_CALL_RATIO:.1f}x: {verdict(ok)})"
         )
         print(
             f"  log_metric / bare append without timestamp: "

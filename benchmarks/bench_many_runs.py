@@ -88,7 +88,9 @@ class Result:
 def log_and_close(fs: fsspec.AbstractFileSystem, root: str, runs: int, points: int) -> None:
     opened = []
     for i in range(runs):
-        run = AppRun(f"bench/many/{i}", [FsspecTracker(fs, root)])
+        # A close deadline far beyond the work: the figures are threads and memory, and a
+        # loaded machine (tracemalloc slows every allocation) must not spool instead.
+        run = AppRun(f"bench/many/{i}", [FsspecTracker(fs, root)], close_timeout=300)
         for step in range(points):
             run.log_metric("loss", 1.0 / (step + 1), step)
         opened.append(run)
