@@ -378,16 +378,19 @@ class AppRun:
         # checks (also with every backend's validate) or raises. The set holds only names
         # that passed the checks, so a name found in it is a str equal to one of them (a str
         # subclass passes as it is): no type check of the name. An unhashable name raises
-        # TypeError in the lookup, and the slow path says what is wrong with it.
+        # TypeError in the lookup (nothing else in the block can), and the slow path says
+        # what is wrong with it.
         try:
             if (
-                name not in self._metric_names
-                or type(value) is not float
-                or (step is not None and type(step) is not int)
+                name in self._metric_names
+                and type(value) is float
+                and (step is None or type(step) is int)
             ):
-                name, value, step = self._check_metric(name, value, step)
+                self._sink.append((name, value, step, _wall_clock()))
+                return
         except TypeError:
-            name, value, step = self._check_metric(name, value, step)
+            pass
+        name, value, step = self._check_metric(name, value, step)
         self._sink.append((name, value, step, _wall_clock()))
 
     def log_metrics(
