@@ -696,7 +696,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.quick:
         args.call_rounds, args.calls = 40, 500
-        args.loop_steps = 1000
+        args.loop_steps, args.round_steps = 1000, 250
     only = set(args.only or ["blocking", "calls", "loop"])
 
     res: dict[str, Any] = {
