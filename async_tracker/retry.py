@@ -71,6 +71,23 @@ async def write_with_retries(
     round ends: ``max_attempts`` tries, or, once ``deadline()`` is set (closing), whenever the
     next wait would end past it. The last error is then raised. ``on_retry`` sees each error
     that will be retried."""
+    # The first try outside tenacity: a healthy backend (nearly every batch) then costs one
+    # await, not tenacity's set-up and its inspection of fn (a good part of what the
+    # flusher spends on a batch, GIL time taken from the training loop). A failure is
+    # handed to tenacity as its first attempt, so the retries go exactly as if it had made it.
+    try:
+        return await fn(*args)
+    except Exception as exc:
+        first: Exception | None = exc
+        if not is_transient(exc):
+            raise
+
+    async def attempt(*args: Any) -> T:
+        nonlocal first
+        if first is not None:
+            exc, first = first, None
+            raise exc
+        return await fn(*args)
 
     def stop(state: RetryCallState) -> bool:
         end = deadline()
@@ -92,4 +109,4 @@ async def write_with_retries(
         before_sleep=before_sleep,
         reraise=True,
     )
-    return await retrying(fn, *args)
+    return await retrying(attempt, *args)
