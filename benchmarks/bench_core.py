@@ -359,8 +359,9 @@ def bench_loop(
     as a long job would; its flusher delivers in the background on its own schedule, and
     each of its rounds ends with ``flush()`` inside the timed region: a round pays for the
     delivery of its own records (the flusher's GIL share), never for another round's, and
-    the no-logging round after it finds nothing left to deliver. Rounds are long (hundreds of
-    steps), so that the one flush per round is a small part of them. A round is timed by the
+    the no-logging round after it finds nothing left to deliver. Rounds are long (about a
+    second, the default flush_interval), so that the flusher's own schedule runs inside them
+    and the one extra flush per round is a small part of them. A round is timed by the
     wall clock (the target) and by the process's CPU time (all threads). Slowdowns are
     medians of per-round ratios to the same round's no-logging loop: adjacent rounds cancel
     the load of other tenants of the machine."""
@@ -681,8 +682,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--call-rounds", type=int, default=300, help="alternated rounds (calls)")
     p.add_argument("--calls", type=int, default=1000, help="log_metric calls per round")
-    p.add_argument("--loop-steps", type=int, default=20000, help="training steps per loop variant")
-    p.add_argument("--round-steps", type=int, default=500, help="training steps per round")
+    p.add_argument("--loop-steps", type=int, default=50000, help="training steps per loop variant")
+    p.add_argument("--round-steps", type=int, default=5000, help="training steps per round")
     p.add_argument("--step-us", type=float, default=200.0, help="work per step, microseconds")
     p.add_argument("--writes", type=int, default=100, help="writes over the blocking backend")
     p.add_argument("--delay-ms", type=float, default=50.0, help="blocking backend delay")
@@ -696,7 +697,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.quick:
         args.call_rounds, args.calls = 40, 500
-        args.loop_steps, args.round_steps = 1000, 250
+        args.loop_steps, args.round_steps = 2000, 500
     only = set(args.only or ["blocking", "calls", "loop"])
 
     res: dict[str, Any] = {
