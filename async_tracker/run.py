@@ -136,7 +136,7 @@ class _Nowhere(_Discard):
         )
 
     def extend(self, records: list[Record]) -> None:
-        self.append(records[0])
+        self.append(())
 
 
 class _FirstWrite:
