@@ -7,6 +7,7 @@ import json
 import os
 import re
 import subprocess
+import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -42,7 +43,10 @@ def torchx_tracker_python(torchx_python: Path) -> Path:
     """torchx's venv, with async_tracker's light dependencies added (async_tracker itself
     comes from this checkout through PYTHONPATH). fsspec and filelock are torchx's too."""
     # Our dependencies as pyproject.toml lists them (names only: the pins are constraints').
-    import tomllib  # here: the module imports on 3.10 too (these tests need 3.11's venv)
+    if sys.version_info >= (3, 11):
+        import tomllib
+    else:  # pytest's own dependency on 3.10
+        import tomli as tomllib
 
     project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
     # Those with an environment marker may not apply to that venv: pip decides.
