@@ -402,23 +402,27 @@ class AppRun:
                 f"metrics must be a mapping of name to value, got {type(metrics).__name__}"
             )
         now = _wall_clock()
-        # The common case (log_metric's fast checks: every name known, every value a float,
-        # the step an int or None) in one comprehension that keeps only such points: if it
-        # kept them all, the call is done; else the slow path checks point by point, and
-        # every point is checked before any is kept.
-        known = self._metric_names
-        try:
-            points = [
-                (name, value, step, now)
-                for name, value in metrics.items()
-                if name in known and type(value) is float
-            ]
-        except TypeError:  # an unhashable name: the slow path says what is wrong with it
+        # The common case (log_metric's fast checks for every point: a known name, a float
+        # value; the step an int or None) in a plain loop, no comprehension: it builds no
+        # function, frame or cell per call. Any other point sends the whole call to the slow
+        # path, which checks point by point; every point is checked before any is kept. An
+        # unhashable name raises TypeError in the lookup, and the slow path says what it is.
+        if step is None or type(step) is int:
+            known = self._metric_names
             points = []
-        if len(points) != len(metrics) or (step is not None and type(step) is not int):
-            points = [
-                (*self._check_metric(name, value, step), now) for name, value in metrics.items()
-            ]
+            try:
+                for name, value in metrics.items():
+                    if name not in known or type(value) is not float:
+                        break
+                    points.append((name, value, step, now))
+                else:
+                    self._sink.extend(points)
+                    return
+            except TypeError:
+                pass
+        points = [
+            (*self._check_metric(name, value, step), now) for name, value in metrics.items()
+        ]
         self._sink.extend(points)
 
     def _check_metric(
