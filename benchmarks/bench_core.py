@@ -359,9 +359,9 @@ def bench_loop(
     as a long job would; its flusher delivers in the background on its own schedule, and
     each of its rounds ends with ``flush()`` inside the timed region: a round pays for the
     delivery of its own records (the flusher's GIL share), never for another round's, and
-    the no-logging round after it finds nothing left to deliver. Rounds are long (about a
-    second, the default flush_interval), so that the flusher's own schedule runs inside them
-    and the one extra flush per round is a small part of them. A round is timed by the
+    the no-logging round after it finds nothing left to deliver. Rounds are long (about half
+    a second: the flusher cuts a full batch of its own inside each), so that the one extra
+    flush per round is a small part of them. A round is timed by the
     wall clock (the target) and by the process's CPU time (all threads). Slowdowns are
     medians of per-round ratios to the same round's no-logging loop: adjacent rounds cancel
     the load of other tenants of the machine."""
@@ -683,7 +683,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--call-rounds", type=int, default=300, help="alternated rounds (calls)")
     p.add_argument("--calls", type=int, default=1000, help="log_metric calls per round")
     p.add_argument("--loop-steps", type=int, default=50000, help="training steps per loop variant")
-    p.add_argument("--round-steps", type=int, default=5000, help="training steps per round")
+    p.add_argument("--round-steps", type=int, default=2500, help="training steps per round")
     p.add_argument("--step-us", type=float, default=200.0, help="work per step, microseconds")
     p.add_argument("--writes", type=int, default=100, help="writes over the blocking backend")
     p.add_argument("--delay-ms", type=float, default=50.0, help="blocking backend delay")
