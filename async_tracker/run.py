@@ -140,17 +140,20 @@ class _Nowhere(_Discard):
 
 
 class _FirstWrite:
-    """The sink until the first write, which starts the run's pipeline and goes on to the
-    ingress."""
+    """The sink until the first write, which starts the run's pipeline (and with it sets the
+    run's sink), then writes to the run's sink as it is now: the ingress, or, if a close got
+    in first, the closed run's, which raises."""
 
     def __init__(self, run: AppRun) -> None:
         self._run = run
 
     def append(self, record: Record) -> None:
-        self._run._ensure_started().ingress.append(record)
+        self._run._ensure_started()
+        self._run._sink.append(record)
 
     def extend(self, records: list[Record]) -> None:
-        self._run._ensure_started().ingress.extend(records)
+        self._run._ensure_started()
+        self._run._sink.extend(records)
 
 
 class _Closed:
