@@ -406,6 +406,24 @@ def test_write_after_close_raises(
     assert mem.runs.get("r") is None or mem.runs["r"].metadata == {"before": True}
 
 
+def test_a_write_holding_the_sink_from_before_the_start_raises_after_close(
+    make_run: MakeRun,
+) -> None:
+    # A writer thread fetches the run's sink, then is held up (past close's wait for
+    # writers) while another thread writes first and closes: its write must raise, not land
+    # in an ingress that close() has drained for the last time.
+    mem = InMemoryTracker()
+    run = make_run("r", [mem])
+    held = run._sink  # what the held-up writer fetched: the first write's sink
+    run.add_metadata(first=True)  # the other thread's first write starts the pipeline
+    report = run.close()
+    assert report.ok and report.delivered == 1
+    with pytest.raises(TrackerClosedError):
+        held.append(("loss", 1.0, 0, 0.0))
+    assert run.status().backends["InMemoryTracker"].buffered == 0
+    assert mem.points("r", "loss") == []
+
+
 def test_write_after_close_raises_without_backends(make_run: MakeRun) -> None:
     run = make_run("<UNDEFINED>")
     run.add_metadata(a=1)
