@@ -127,11 +127,11 @@ class Batch:
     def metric_rows(self) -> Sequence[MetricRow]:
         """Its metric points as tuples ``(name, value, step, timestamp)``, in order: for
         backends that index points. A batch cut from the ingress holds them so already
-        (:class:`RowBatch`), and reading them makes no object per point."""
+        (:class:`PointsBatch`), and reading them makes no object per point."""
         return self.metrics
 
     def metric_columns(self) -> MetricColumns | None:
-        """Its metric points as columns, when it holds them that way (see ColumnBatch)."""
+        """Its metric points as columns, when it holds them that way (see PointsBatch)."""
         return None
 
 
@@ -169,79 +169,55 @@ _METRIC = itertools.repeat(TrackerMetric)
 _new_point = tuple.__new__
 
 
-class ColumnBatch(Batch):
-    """A batch of metric points alone, held as :class:`MetricColumns` until something
-    reads ``metrics`` (a backend's write): spooled, it never makes an object per point."""
+class PointsBatch(Batch):
+    """A batch of metric points alone, held as the flusher took them: the ingress's tuples
+    (``MetricRow``), or :class:`MetricColumns` from the packed ingress. ``metrics`` makes
+    the :class:`TrackerMetric` objects when something first reads it (a backend that wants
+    them), once. The package's own backends read :meth:`metric_rows`, and the spool
+    :meth:`metric_columns`, and never make them: a flusher that makes an object per point
+    takes that time from the training loop, with which it shares the GIL."""
 
-    def __init__(self, seq: int, columns: MetricColumns, *, first: int, key: str) -> None:
-        super().__init__(seq, records=len(columns), first=first, key=key)
-        self._columns: MetricColumns | None = columns
+    def __init__(
+        self, seq: int, held: list[MetricRow] | MetricColumns, *, first: int, key: str
+    ) -> None:
+        super().__init__(seq, records=len(held), first=first, key=key)
+        self._held: list[MetricRow] | MetricColumns | None = held
         self._metrics: list[TrackerMetric] | None = None
 
     @property
     def metrics(self) -> list[TrackerMetric]:
         if self._metrics is None:
-            self._metrics = self._columns.points() if self._columns is not None else []
+            held = self._held
+            if isinstance(held, MetricColumns):
+                self._metrics = held.points()
+            else:
+                self._metrics = list(map(_new_point, _METRIC, held or ()))
         return self._metrics
 
     @metrics.setter
     def metrics(self, value: list[TrackerMetric]) -> None:
-        # Batch.__init__ sets [] first; the columns are set after it.
+        # Batch.__init__ sets [] first; what is held is set after it.
         self._metrics = value
-        self._columns = None
+        self._held = None
 
     def points(self) -> int:
-        if self._metrics is None and self._columns is not None:
-            return len(self._columns)
-        return len(self.metrics)
-
-    def metric_columns(self) -> MetricColumns | None:
-        return self._columns if self._metrics is None else None
-
-    def for_lane(self) -> Batch:
-        if self._columns is None or self._metrics is not None:
-            return super().for_lane()
-        return ColumnBatch(self.seq, self._columns, first=self.first, key=self.key)
-
-
-class RowBatch(Batch):
-    """A batch of metric points alone, held as the ingress's tuples (``MetricRow``) until
-    something reads ``metrics``: a backend that wants :class:`TrackerMetric` objects gets
-    them then, once; the package's own backends read :meth:`metric_rows` and never make
-    them (a flusher that makes an object per point takes that time from the training loop,
-    with which it shares the GIL)."""
-
-    def __init__(self, seq: int, rows: list[MetricRow], *, first: int, key: str) -> None:
-        super().__init__(seq, records=len(rows), first=first, key=key)
-        self._rows: list[MetricRow] | None = rows
-        self._metrics: list[TrackerMetric] | None = None
-
-    @property
-    def metrics(self) -> list[TrackerMetric]:
-        if self._metrics is None:
-            self._metrics = list(map(_new_point, _METRIC, self._rows or ()))
-        return self._metrics
-
-    @metrics.setter
-    def metrics(self, value: list[TrackerMetric]) -> None:
-        # Batch.__init__ sets [] first; the rows are set after it.
-        self._metrics = value
-        self._rows = None
-
-    def points(self) -> int:
-        if self._metrics is None and self._rows is not None:
-            return len(self._rows)
+        if self._metrics is None and self._held is not None:
+            return len(self._held)
         return len(self.metrics)
 
     def metric_rows(self) -> Sequence[MetricRow]:
-        if self._metrics is None and self._rows is not None:
-            return self._rows
+        if self._metrics is None and isinstance(self._held, list):
+            return self._held
         return self.metrics
 
+    def metric_columns(self) -> MetricColumns | None:
+        held = self._held if self._metrics is None else None
+        return held if isinstance(held, MetricColumns) else None
+
     def for_lane(self) -> Batch:
-        if self._metrics is not None or self._rows is None:
+        if self._metrics is not None or self._held is None:
             return super().for_lane()
-        return RowBatch(self.seq, self._rows, first=self.first, key=self.key)
+        return PointsBatch(self.seq, self._held, first=self.first, key=self.key)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -22,9 +22,8 @@ from collections.abc import Sequence
 from async_tracker.ingress import ARTIFACT, METADATA, Record
 from async_tracker.records import (
     Batch,
-    ColumnBatch,
     MetricColumns,
-    RowBatch,
+    PointsBatch,
     TrackerArtifact,
     TrackerMetric,
     TrackerSource,
@@ -73,7 +72,7 @@ class Cutter:
         # The last step of each name is its last point's: dict.update keeps the last. The
         # records are metric rows as they are: no object per point.
         self.last_step.update(zip(map(_NAME, records), steps))
-        return RowBatch(seq, list(records), first=first, key=self._key(seq))
+        return PointsBatch(seq, list(records), first=first, key=self._key(seq))
 
     def cut_columns(self, columns: MetricColumns) -> Batch:
         """One batch of points taken as columns from the packed ingress (each with a step):
@@ -82,7 +81,7 @@ class Cutter:
         first = self.next_seq
         n = len(columns)
         self.next_seq = first + n
-        batch = ColumnBatch(first + n - 1, columns, first=first, key=self._key(first + n - 1))
+        batch = PointsBatch(first + n - 1, columns, first=first, key=self._key(first + n - 1))
         index, steps = array("I", columns.index), array("q", columns.steps)
         names = columns.names
         if len(names) > _NAMES_SEARCHED:
