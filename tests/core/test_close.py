@@ -46,7 +46,7 @@ def test_close_with_a_sync_backend_hanging_in_its_thread(
     run.add_metadata(a=1)
     run.log_metric("x", 1.0)
     report = run.close(timeout=0.3)
-    assert hung.entered.is_set()  # it really was stuck in its thread
+    assert hung.entered.wait(10)  # it really was stuck in its thread (its thread may start late)
     assert report.timed_out
     # The hung backend has no metric method: it holds 1 record, the other delivered 2.
     assert undelivered(report) == 1 and report.delivered == 2
@@ -70,7 +70,7 @@ def test_close_with_an_async_backend_awaiting_forever(make_run: MakeRun) -> None
     for i in range(10):
         run.log_metric("x", float(i), step=i)
     report = run.close(timeout=0.3)
-    assert hang.entered.is_set()
+    assert hang.entered.wait(10)
     assert undelivered(report) == 10 and report.delivered == 10
     # The hung call was cancelled, not left running on the loop.
     assert stuck.wait_for("write_batch", 1, outcome="cancelled")

@@ -276,7 +276,7 @@ def test_a_hung_async_backend_never_delays_the_other(
         run.flush(timeout=0)  # cut a batch; do not wait
         # The healthy backend gets each batch while the other is still stuck on the first.
         assert fine.wait_for("write_batch", batch + 1, outcome="ok")
-    assert hang.entered.is_set() and stuck.count("write_batch") == 1
+    assert hang.entered.wait(10) and stuck.count("write_batch") == 1
     status = run.status().backends
     assert status["fine"].delivered == 3 and status["stuck"].in_flight == 3
     assert status["stuck"].lag_s > 0 and status["fine"].lag_s == 0
@@ -297,7 +297,8 @@ def test_a_blocking_backend_hung_in_its_thread_never_delays_the_other(
         run.add_metadata(batch=batch)
         run.flush(timeout=0)
         assert fine.wait_for("write_batch", batch + 1, outcome="ok")
-    assert hung.entered.is_set() and hung.hung_calls == 1
+    # The hung thread may start after the other backend took all three batches: wait for it.
+    assert hung.entered.wait(10) and hung.hung_calls == 1
     release.set()
     assert run.flush().ok
     assert hung.metadata("r") == {"batch": 2}
