@@ -16,7 +16,8 @@ Benchmarks (see benchmarks/README.md):
 * ``calls``: the median cost of one ``AppRun.log_metric`` call against a bare method that
   appends the same tuple to a ``deque``, with the flusher thread running.
 * ``loop``: the slowdown of a CPU-bound pure-Python training loop that logs 4 metrics per
-  step, against the same loop without logging; the flusher's delivery work per record.
+  step, against the same loop without logging and against the loop appending the same
+  tuples to a bare deque; the flusher's delivery work per record.
 """
 
 from __future__ import annotations
@@ -285,8 +286,29 @@ def loop_log_metric(run: AppRun | None, start: int, steps: int, n: int) -> float
     return total
 
 
+_bare_records: deque[tuple[Any, ...]] = deque()
+
+
+def loop_bare_append(run: AppRun | None, start: int, steps: int, n: int) -> float:
+    """The issue's baseline in the loop: the same 4 tuples ``log_metric`` keeps, appended to a
+    bare deque (``time.time()`` each), emptied at the end of the round as a flush would."""
+    append, now = _bare_records.append, time.time
+    total = 0.0
+    for step in range(start, start + steps):
+        loss = work(n)
+        acc, lr, grad = loss * 0.5, 1e-3 / (step + 1), loss * 2.0
+        total += loss + acc + lr + grad
+        append(("loss", loss, step, now()))
+        append(("acc", acc, step, now()))
+        append(("lr", lr, step, now()))
+        append(("grad_norm", grad, step, now()))
+    _bare_records.clear()
+    return total
+
+
 LoopFn = Callable[[AppRun | None, int, int, int], float]
 METRICS_PER_STEP = 4
+BARE_APPEND = "bare deque.append x 4 per step"
 
 
 def bootstrap_ci(xs: list[float], n: int = 2000, seed: int = 0) -> tuple[float, float]:
@@ -353,7 +375,8 @@ def bench_loop(
     """A CPU-bound training loop of ``total_steps`` steps per variant, cut into rounds of
     ``round_steps`` steps, the variants in a new random order each round: no logging;
     ``log_metrics`` of 4 metrics per step; 4 ``log_metric`` calls per step; and, for
-    reference, no logging with the tracker loop paused (no flusher thread waking at all).
+    reference, the same 4 tuples appended to a bare deque (the floor of keeping records at
+    all), and no logging with the tracker loop paused (no flusher thread waking at all).
 
     Each logging variant writes to one ``AppRun`` (default options) for the whole benchmark,
     as a long job would; its flusher delivers in the background on its own schedule, and
@@ -371,6 +394,7 @@ def bench_loop(
         (base, loop_plain, False),
         ("log_metrics (4 per step)", loop_log_metrics, True),
         ("4 x log_metric per step", loop_log_metric, True),
+        (BARE_APPEND, loop_bare_append, False),
         (paused, loop_plain, False),
     ]
     runs: dict[str, AppRun] = {}
@@ -433,6 +457,10 @@ def bench_loop(
             # Against the loop with the tracker loop paused: as if there were no tracker.
             vs_none = median([v / p for v, p in zip(wall[name], wall[paused])])
             entry["slowdown_pct_vs_no_tracker"] = (vs_none - 1) * 100
+            # Against the same records appended to a bare deque: what the tracker adds over
+            # keeping them at all (allocating 4 tuples and timestamps per step is not free).
+            vs_bare = median([v / b for v, b in zip(wall[name], wall[BARE_APPEND])])
+            entry["slowdown_pct_vs_bare_append"] = (vs_bare - 1) * 100
         out["variants"][name] = entry
     return out
 
@@ -632,12 +660,16 @@ def print_report(res: dict[str, Any]) -> None:
             f"options, backend {lo['backend']}) whose flusher delivers in the background, and "
             f"ends each round\n  with flush(), timed: a round pays for its own records' delivery"
         )
-        print(f"  {'variant':<32}{'slowdown':>9}{'95% CI':>17}{'cpu':>8}{'vs none':>9}")
+        print(
+            f"  {'variant':<32}{'slowdown':>9}{'95% CI':>17}{'cpu':>8}{'vs none':>9}"
+            f"{'vs bare':>9}"
+        )
         for name, v in lo["variants"].items():
             ci = "[{:+.2f}, {:+.2f}]".format(*v["slowdown_pct_ci95"])
             line = f"  {name:<32}{v['slowdown_pct']:+8.2f}%{ci:>17}{v['slowdown_pct_cpu']:+7.2f}%"
             if v["logs"]:
                 line += f"{v['slowdown_pct_vs_no_tracker']:+8.2f}%"
+                line += f"{v['slowdown_pct_vs_bare_append']:+8.2f}%"
             print(line)
         print(
             "  slowdown: median over rounds of (round's loop, delivery included / the same "
@@ -646,6 +678,8 @@ def print_report(res: dict[str, Any]) -> None:
             "  cpu: the same in the process's CPU time (all threads)\n"
             "  vs none: against the loop without logging with the tracker loop paused (no "
             "tracker at all)\n"
+            f"  vs bare: against the loop appending the same tuples to a bare deque (the "
+            f"baseline of the\n    call benchmark), each round's records dropped at its end\n"
             f"  delivery alone: {d['cpu_us_per_record']:.2f} us of flusher CPU per record "
             f"({d['wall_us_per_record']:.2f} us wall), measured by close() of a run holding "
             f"{d['records']:.0f} records,\n"
