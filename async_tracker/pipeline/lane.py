@@ -140,6 +140,7 @@ class Lane:
         self._spool_broken_until = -1.0
         self._spool_failing = False  # the last write to disk failed
         self._spiller_dead = False
+        self._running = False  # run() was started
         self._bound = False
 
     def bind(self) -> None:
@@ -156,6 +157,7 @@ class Lane:
             self._scope = anyio.CancelScope()
             self._spill_scope = anyio.CancelScope()
             self._deliver_scope = anyio.CancelScope()
+            self._ended = anyio.Event()  # run() is over: neither task runs again
             self._bound = True
 
     # -- called by the run's pipeline, on the loop ---------------------------------------------
@@ -242,10 +244,14 @@ class Lane:
     async def run(self) -> None:
         """The lane's two tasks, until close() stops them."""
         self.bind()
-        with self._scope:
-            async with anyio.create_task_group() as tg:
-                tg.start_soon(self._supervised, self._spill_forever, self._spill_scope)
-                await self._supervised(self._deliver_forever, self._deliver_scope)
+        self._running = True
+        try:
+            with self._scope:
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(self._supervised, self._spill_forever, self._spill_scope)
+                    await self._supervised(self._deliver_forever, self._deliver_scope)
+        finally:
+            self._ended.set()
 
     async def _supervised(
         self, task: Callable[[], Awaitable[None]], scope: anyio.CancelScope
@@ -650,7 +656,14 @@ class Lane:
             while not self._idle.is_set():  # the spiller may have begun another write since
                 await self._idle.wait()
         finally:
-            self._scope.cancel()  # no task of the lane runs again: what is in memory is ours
+            self._scope.cancel()
+        if self._running:
+            # Cancelling is not stopping: anyio delivers a cancellation at a task's next
+            # wait, so a deliverer whose write has just returned still takes one step, and
+            # completes that batch. Only once both tasks are over is what is in memory ours;
+            # read sooner, a batch would be both delivered and spooled (counted twice, and
+            # sent again by the next start).
+            await self._ended.wait()
         runs: list[list[Entry]] = []
         current: list[Entry] = []
         for entry in self.log:

@@ -7,6 +7,7 @@ import select
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from async_tracker import RetryPolicy
@@ -17,6 +18,20 @@ REPO = Path(__file__).resolve().parents[2]
 FAST_RETRY = RetryPolicy(
     max_attempts=3, initial_backoff_s=0, max_backoff_s=0, jitter_s=0, cooldown_s=3600
 )
+
+
+def wait_until(
+    condition: Callable[[], bool], what: str = "the condition", timeout: float = 30.0
+) -> None:
+    """Waits for state that another thread produces and no event announces (a counter of
+    ``status()``, the thread pool's queues), polling it: the deadline only bounds a wait for
+    something that is due, it is never reached when all is well. AssertionError naming
+    ``what`` if the condition does not hold by then."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not true after {timeout} s: {what}")
+        time.sleep(0.005)
 
 
 def python_env(**extra: str) -> dict[str, str]:

@@ -12,7 +12,7 @@ import pytest
 
 from async_tracker import AppRun, TrackerArtifact, TrackerClosedError
 from async_tracker.backend.memory import InMemoryTracker
-from tests.core.helpers import FAST_RETRY
+from tests.core.helpers import FAST_RETRY, wait_until
 from tests.faulty import FaultyTracker, Hang
 
 MakeRun = Callable[..., AppRun]
@@ -97,6 +97,13 @@ async def test_aclose_is_bounded_and_does_not_block_the_callers_loop(make_run: M
     stuck = FaultyTracker(name="stuck").always("write_batch", Hang())  # forever
     run = make_run("r", [stuck, InMemoryTracker(name="mem")])
     run.add_metadata(a=1)
+    # Both lanes at work before aclose(): one stuck in its write, the other done (either
+    # may start late on a loaded machine).
+    await run.aflush(timeout=0)
+    assert await anyio.to_thread.run_sync(stuck.wait_for, "write_batch", 1)
+    await anyio.to_thread.run_sync(
+        wait_until, lambda: run.status().backends["mem"].delivered == 1, "mem delivered"
+    )
     ticks = 0
     done = anyio.Event()
 

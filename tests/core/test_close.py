@@ -19,7 +19,7 @@ import pytest
 
 from async_tracker import AppRun, FlushReport, TrackerClosedError, TrackerMetric
 from async_tracker.backend.memory import InMemoryTracker
-from tests.core.helpers import Child
+from tests.core.helpers import Child, wait_until
 from tests.faulty import BlockLoop, FaultyTracker, Hang, HangingTracker, RefuseIf, Slow
 
 MakeRun = Callable[..., AppRun]
@@ -45,8 +45,12 @@ def test_close_with_a_sync_backend_hanging_in_its_thread(
     run = make_run("r", [hung, mem])
     run.add_metadata(a=1)
     run.log_metric("x", 1.0)
+    # Both lanes at work before close(): the hung backend really stuck in its thread (which
+    # may start late on a loaded machine), the other one done with its batch.
+    run.flush(timeout=0)
+    assert hung.entered.wait(10)
+    wait_until(lambda: run.status().backends["mem"].delivered == 2, "mem delivered its batch")
     report = run.close(timeout=0.3)
-    assert hung.entered.wait(10)  # it really was stuck in its thread (its thread may start late)
     assert report.timed_out
     # The hung backend has no metric method: it holds 1 record, the other delivered 2.
     assert undelivered(report) == 1 and report.delivered == 2
@@ -69,8 +73,11 @@ def test_close_with_an_async_backend_awaiting_forever(make_run: MakeRun) -> None
     run = make_run("r", [stuck, mem])
     for i in range(10):
         run.log_metric("x", float(i), step=i)
-    report = run.close(timeout=0.3)
+    # Both lanes at work before close(): one awaiting forever, the other done.
+    run.flush(timeout=0)
     assert hang.entered.wait(10)
+    wait_until(lambda: run.status().backends["mem"].delivered == 10, "mem delivered its batch")
+    report = run.close(timeout=0.3)
     assert undelivered(report) == 10 and report.delivered == 10
     # The hung call was cancelled, not left running on the loop.
     assert stuck.wait_for("write_batch", 1, outcome="cancelled")
@@ -124,6 +131,9 @@ def test_every_record_is_accounted_for_whatever_the_timeout(
         run.log_metric("x", float(i), step=i)
         if i % 10 == 9:
             run.flush(timeout=0)
+    # The cut-off falls anywhere in the other lanes' work, but after picky refused its point
+    # (it is counted once refused: a close at the very start would find nothing refused yet).
+    wait_until(lambda: run.status().backends["picky"].dropped == 1, "picky refused 15.0")
     report = run.close(timeout=timeout)
     assert report.pending >= 0 and report.spooled >= 0
     assert report.delivered + report.pending + report.spooled + report.dropped == 300
@@ -165,6 +175,9 @@ def test_concurrent_closes_close_once(make_run: MakeRun, closers: int) -> None:
     fine = FaultyTracker(name="fine")
     run = make_run("r", [stuck, fine])
     run.add_metadata(a=1)
+    # Both lanes at work before the closes: one stuck in its write, the other done.
+    run.flush(timeout=0)
+    assert stuck.wait_for("write_batch", 1) and fine.wait_for("write_batch", 1, outcome="ok")
     start = threading.Barrier(closers)
     reports: list[FlushReport] = []
 
@@ -190,6 +203,8 @@ async def test_close_after_a_cancelled_aclose_closes_once(make_run: MakeRun) -> 
     stuck = FaultyTracker(name="stuck").always("write_batch", Hang())
     run = make_run("r", [stuck])
     run.add_metadata(a=1)
+    await run.aflush(timeout=0)  # the lane takes the batch and gets stuck in its write
+    assert await anyio.to_thread.run_sync(stuck.wait_for, "write_batch", 1)
     with anyio.move_on_after(0.05):
         await run.aclose(timeout=0.5)  # the caller gives up before close() is done
     report = await anyio.to_thread.run_sync(run.close)
@@ -232,15 +247,24 @@ from async_tracker import AppRun
 from async_tracker.backend.memory import InMemoryTracker
 from tests.faulty import FaultyTracker, Hang, HangingTracker
 
+from tests.core.helpers import wait_until
+
 kind = sys.argv[1]
 if kind == "thread":
     hung = HangingTracker()            # blocks its worker thread forever
+    entered = hung.entered
 else:
-    hung = FaultyTracker().always("write_batch", Hang())   # awaits forever
+    hang = Hang()
+    hung = FaultyTracker().always("write_batch", hang)   # awaits forever
+    entered = hang.entered
 mem = InMemoryTracker()
 run = AppRun("r", [hung, mem], flush_interval=3600)
 run.add_metadata(a=1)
 run.add_source("p")
+# Both lanes at work before close(): one hung, the other done (either may start late).
+run.flush(timeout=0)
+assert entered.wait(30)
+wait_until(lambda: run.status().backends["InMemoryTracker"].delivered == 2, "mem delivered")
 report = run.close(timeout=0.5)
 undelivered = report.pending + report.spooled
 print(f"closed {report.timed_out} {undelivered} {report.delivered}", flush=True)

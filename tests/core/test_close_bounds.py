@@ -14,7 +14,7 @@ from async_tracker.pipeline.run_pipeline import RunPipeline
 from async_tracker.retry import RetryPolicy
 from async_tracker.settings import SPOOL_GRACE_S, RunOptions
 from async_tracker.spool.io import InlineIO
-from tests.faulty import FaultyTracker, Hang, Raise, Slow
+from tests.faulty import Action, Call, FaultyTracker, Hang, Raise, Slow
 from tests.simulation.virtual_clock import VirtualClock
 
 BACKENDS = {
@@ -63,6 +63,55 @@ def test_close_returns_by_its_deadline(tmp_path: Path, kind: str, timeout: float
             if report.spooled:
                 assert report.spool_paths["b"].startswith(str(tmp_path))
                 assert report.timed_out
+            tg.cancel_scope.cancel()
+
+    anyio.run(main)
+
+
+class Gate(Action):
+    """Holds the call until the test opens the gate, on the loop (no thread in between): the
+    test decides the very loop turn in which the write returns."""
+
+    def __init__(self) -> None:
+        self.entered = anyio.Event()
+        self.open = anyio.Event()
+
+    async def apply(self, call: Call) -> None:
+        self.entered.set()
+        await self.open.wait()
+
+
+def test_a_write_that_returns_as_close_stops_the_lane_is_delivered_or_spooled_never_both(
+    tmp_path: Path,
+) -> None:
+    # close() stops a lane whose write has just returned, in the same loop turn: the lane's
+    # task still takes that step (anyio cancels a task only at its next wait) and completes
+    # the batch. It must then not be written to the spool as well: counted twice (pending
+    # -10), and sent again by the next start.
+    ingress = Ingress()
+    options = RunOptions(flush_interval=3600, batch_size=10, spool_dir=str(tmp_path))
+
+    async def main() -> None:
+        gate = Gate()
+        backend = FaultyTracker(name="b").on("write_batch", 1, action=gate)
+        pipeline = RunPipeline(
+            "r", ingress, [("b", backend)], options, clock=VirtualClock(), io=InlineIO(),
+            rng=random.Random(1),
+        )
+        lane = pipeline.lanes[0]
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(lane.run)
+            for i in range(10):
+                ingress.append(("m", float(i), i, 0.0))
+            pipeline.cut()
+            await gate.entered.wait()
+            gate.open.set()  # the write returns ...
+            lane.stop()  # ... as close() stops the lane, before the lane's task runs again
+            await lane.spool_leftovers()
+            status = lane.status(0)
+            assert (status.delivered, status.spooled, status.in_flight) in ((10, 0, 0), (0, 10, 0))
+            segments = [p for p in tmp_path.rglob("*") if p.is_file() and p.suffix == ".seg"]
+            assert bool(segments) == (status.spooled == 10), segments
             tg.cancel_scope.cancel()
 
     anyio.run(main)

@@ -248,9 +248,13 @@ def test_close_is_bounded_when_a_built_backend_hangs_in_aclose(
     monkeypatch.setenv("TORCHX_TRACKER_FAULTYTEST_CONFIG", "hang-on-close")
     run = AppRun.run_from_env()
     run.add_metadata(a=1)
-    report = run.close(timeout=0.5)
     (built,) = factories.BUILT
     assert isinstance(built, FaultyTracker)
+    # The record delivered before close() (its lane may start late on a loaded machine):
+    # what the short timeout bounds is the hang in aclose.
+    run.flush(timeout=0)
+    assert built.wait_for("write_batch", 1, outcome="ok")
+    report = run.close(timeout=0.5)
     assert report.delivered == 1 and report.pending == 0
     # aclose was reached, hung, and was abandoned at the deadline.
     assert built.wait_for("aclose", 1, outcome="cancelled")

@@ -20,6 +20,7 @@ from async_tracker import (
     TransientBackendError,
 )
 from async_tracker.backend.memory import InMemoryTracker
+from tests.core.helpers import wait_until
 from tests.faulty import (
     DictTracker,
     FaultyTracker,
@@ -277,6 +278,9 @@ def test_a_hung_async_backend_never_delays_the_other(
         # The healthy backend gets each batch while the other is still stuck on the first.
         assert fine.wait_for("write_batch", batch + 1, outcome="ok")
     assert hang.entered.wait(10) and stuck.count("write_batch") == 1
+    # The healthy lane counts a batch on the tracker loop just after its write returned,
+    # which is when wait_for() above may already have woken us: wait for the count.
+    wait_until(lambda: run.status().backends["fine"].delivered == 3, "fine delivered 3")
     status = run.status().backends
     assert status["fine"].delivered == 3 and status["stuck"].in_flight == 3
     assert status["stuck"].lag_s > 0 and status["fine"].lag_s == 0

@@ -7,6 +7,7 @@ and drives the flusher with ``flush(0)``, which cuts what is buffered and looks 
 from __future__ import annotations
 
 import random
+import sys
 import threading
 from pathlib import Path
 
@@ -16,11 +17,13 @@ import pytest
 from async_tracker import AppRun, TrackerClosedError
 from async_tracker.backend.memory import InMemoryTracker
 from async_tracker.pipeline.cutter import Cutter
+from async_tracker.pipeline.run_pipeline import RunPipeline
 from async_tracker.records import Batch, TrackerMetric
 from async_tracker.settings import RunOptions
 from async_tracker.spool.codec import decode_batch, encode_batch
+from tests.core.helpers import wait_until
 from tests.faulty import FaultyTracker, Hang
-from tests.spool.helpers import segments, wait_until
+from tests.spool.helpers import segments
 
 
 def stalled_run(
@@ -36,6 +39,17 @@ def stalled_run(
     run.flush(0)
     assert backend.wait_for("write_batch", 1)
     return run, backend, mem
+
+
+def waiting_for_room(writer: threading.Thread) -> bool:
+    """Whether ``writer`` is inside the block policy's wait for room (its wait timed from
+    before): its innermost frame in ``threading``, called from ``RunPipeline._block``."""
+    frame = sys._current_frames().get(writer.ident or -1)
+    if frame is None or frame.f_code.co_filename != threading.__file__:
+        return False
+    while frame is not None and frame.f_code is not RunPipeline._block.__code__:
+        frame = frame.f_back
+    return frame is not None
 
 
 def overload(run: AppRun) -> None:
@@ -94,6 +108,9 @@ def test_block_policy_makes_the_writer_wait_for_room(tmp_path: Path) -> None:
 
     writer = threading.Thread(target=run.log_metric, args=("m", 150.0, 150))
     writer.start()
+    # Watched from the moment it waits (a loaded machine may start it late), so that it has
+    # waited at least as long as it is watched below.
+    wait_until(lambda: waiting_for_room(writer) or not writer.is_alive())
     writer.join(0.3)
     assert writer.is_alive(), "a write past the bound returned while the backend was stuck"
 

@@ -18,8 +18,9 @@ from async_tracker.records import Batch, TrackerMetric
 from async_tracker.spool import spooled_runs
 from async_tracker.spool.codec import decode_batch, encode_batch
 from async_tracker.sync import sync_spool
+from tests.core.helpers import wait_until
 from tests.faulty import FaultyTracker, FileTracker, Hang, transient
-from tests.spool.helpers import NO_WAIT, segments, wait_until
+from tests.spool.helpers import NO_WAIT, segments
 
 REPO = Path(__file__).resolve().parents[2]
 def metric_steps(tracker: FileTracker, run_id: str) -> list[int]:
@@ -65,7 +66,8 @@ for i in range(100, 250):
     run.log_metric("m", float(i), step=i)
 run.add_metadata(last=249)
 run.flush(0)                      # cut batch 2 now; the backend hangs on it
-backend.wait_for("write_batch", 2)  # it was read back from the log: it is on disk
+# It was read back from the log: it is on disk. (Asserted: "ready" must not come before.)
+assert backend.wait_for("write_batch", 2, timeout=60)
 print("ready", flush=True)
 sys.stdin.read()
 """
@@ -109,7 +111,7 @@ def test_stalled_backend_keeps_memory_bounded_and_delivers_in_order(tmp_path: Pa
     log = run.log_metric
     for i in range(total):
         log("m", float(i), i)
-    stalled.wait_for("write_batch", 1)
+    assert stalled.wait_for("write_batch", 1, timeout=60)
     run.flush(0)  # cut what is still buffered
     # Once the spool writer has caught up with the burst, memory holds at most max_buffered
     # records and the rest is on disk. (How far a burst can run ahead of the writer is
@@ -248,7 +250,7 @@ def test_unwritable_spool_is_an_error_in_status_not_a_crash(tmp_path: Path) -> N
     for i in range(10):
         run.log_metric("m", float(i), step=i)
     run.flush(0)
-    stalled.wait_for("write_batch", 1)
+    assert stalled.wait_for("write_batch", 1, timeout=60)
     for i in range(10, 100):  # past max_buffered: the lane tries the spool, which fails
         run.log_metric("m", float(i), step=i)
         if i % 10 == 9:
