@@ -299,6 +299,41 @@ def _encode_json(content: object, path: str) -> bytes:
         ) from exc
 
 
+_Columns = tuple[Sequence[int], Sequence[float], Sequence[float]]
+MAX_STRIDE = 256  # names per step looked for by _columns_by_name's strided case
+
+
+def _columns_by_name(rows: Sequence[MetricRow]) -> dict[str, _Columns]:
+    """Each name's steps, values and times in call order, the names in the order they first
+    came (readers list metrics in that order). Made with C loops, no Python loop per point.
+
+    A training loop logs the same names in the same order at every step, and then each
+    name's points are a stride of the columns: found by the first name's next occurrence,
+    spot-checked at the middle and the end (a batch that is not strided mostly fails there,
+    at no cost), then checked whole. Any other batch is grouped by a stable sort."""
+    if not rows:
+        return {}
+    n, first = len(rows), rows[0][0]
+    period = next((i for i in range(1, min(n, MAX_STRIDE + 1)) if rows[i][0] == first), n)
+    if all(rows[i][0] == rows[i % period][0] for i in (n // 2, n - 1)):
+        names = tuple(map(_NAME, rows))
+        firsts = names[:period]
+        if len(set(firsts)) == period and all(
+            names[i::period].count(name) == len(names[i::period])
+            for i, name in enumerate(firsts)
+        ):
+            _, values, steps, times = zip(*rows)
+            return {
+                name: (steps[i::period], values[i::period], times[i::period])
+                for i, name in enumerate(firsts)
+            }
+    grouped: dict[str, _Columns] = {}
+    for name, group in itertools.groupby(sorted(rows, key=_NAME), key=_NAME):
+        _, group_values, group_steps, group_times = zip(*group)
+        grouped[name] = (group_steps, group_values, group_times)
+    return {name: grouped[name] for name in dict.fromkeys(map(_NAME, rows))}
+
+
 def _encode_column(
     name: str, steps: Sequence[int], values: Sequence[float], times: Sequence[float], path: str
 ) -> bytes:
@@ -616,14 +651,7 @@ class AsyncFsspecTracker(AsyncTrackerBase):
     async def _write_segment(
         self, run_id: str, metrics: Sequence[MetricRow], names: dict[str, str], key: str = ""
     ) -> None:
-        # Grouped by name with C loops (a stable sort keeps each name's points in order,
-        # zip makes the columns): no Python loop per point.
-        grouped: dict[str, tuple[tuple[int, ...], tuple[float, ...], tuple[float, ...]]] = {}
-        for name, group in itertools.groupby(sorted(metrics, key=_NAME), key=_NAME):
-            _, values, steps, times = zip(*group)
-            grouped[name] = (steps, values, times)
-        # Lines in the order the names first came (readers list metrics in that order).
-        columns = {name: grouped[name] for name in dict.fromkeys(map(_NAME, metrics))}
+        columns = _columns_by_name(metrics)
         where = self._path(run_id, METRICS_DIR)
         data = b"".join(
             _encode_column(n, s, v, t, f"metric {n!r} in {where}")

@@ -12,17 +12,21 @@ from pathlib import Path
 
 import fsspec
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from async_tracker import AppRun, TrackerConfigError, TrackerSource
 from async_tracker.backend.fsspec import (
     AsyncFsspecTracker,
     FsspecTracker,
+    _columns_by_name,
     create,
     decode_run_id,
     encode_run_id,
     read_config,
 )
 from async_tracker.errors import RecordError, TransientBackendError
+from async_tracker.records import MetricRow
 
 if sys.version_info < (3, 11):  # pragma: no cover - 3.10
     from exceptiongroup import ExceptionGroup
@@ -414,3 +418,35 @@ def test_a_later_call_wins_over_an_earlier_one_flushed_after_it(
     assert reader.metadata() == {"lr": 0.2, "keep": "early"}
     early.close()
     late.close()
+
+
+def _grouped_one_by_one(
+    rows: list[MetricRow],
+) -> dict[str, tuple[list[int], list[float], list[float]]]:
+    """The reference: each name's points in call order, names in the order they first came."""
+    out: dict[str, tuple[list[int], list[float], list[float]]] = {}
+    for name, value, step, time in rows:
+        steps, values, times = out.setdefault(name, ([], [], []))
+        steps.append(step)
+        values.append(value)
+        times.append(time)
+    return out
+
+
+@given(
+    st.lists(st.sampled_from("abcd"), min_size=1, max_size=6),
+    st.integers(1, 30),
+    st.lists(st.tuples(st.integers(0, 200), st.sampled_from("abcde")), max_size=4),
+)
+def test_segment_columns_keep_each_names_points_in_call_order(
+    per_step: list[str], steps: int, strays: list[tuple[int, str]]
+) -> None:
+    # A loop logging the same names at every step (strided: the fast case), with a few stray
+    # points inserted anywhere (the general case), a name twice in a step, or one name only.
+    names = [n for _ in range(steps) for n in per_step]
+    for at, name in strays:
+        names.insert(min(at, len(names)), name)
+    rows: list[MetricRow] = [(n, float(i), i, i / 2) for i, n in enumerate(names)]
+    got = {k: tuple(map(list, v)) for k, v in _columns_by_name(rows).items()}
+    expected = _grouped_one_by_one(rows)
+    assert got == expected and list(got) == list(expected)
