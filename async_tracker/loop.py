@@ -35,6 +35,8 @@ from typing import Any, TypeVar
 import anyio
 from anyio.streams.memory import MemoryObjectSendStream
 
+from async_tracker.signals import start_thread
+
 T = TypeVar("T")
 
 THREAD_NAME = "async-tracker-loop"
@@ -53,7 +55,7 @@ class TrackerLoop:
         self._ready = threading.Event()
         self._failure: BaseException | None = None
         self._thread = threading.Thread(target=self._main, name=THREAD_NAME, daemon=True)
-        self._thread.start()
+        start_thread(self._thread)  # signals blocked: they are the main thread's
         self._ready.wait()
         if self._failure is not None:
             raise RuntimeError("async_tracker could not start its event loop") from self._failure

@@ -827,6 +827,16 @@ _env_run: AppRun | None = None
 _env_run_pid = 0
 
 
+def _after_fork_in_child() -> None:
+    global _env_lock
+    # Another thread of the parent may have held it (building the run's backends) at the
+    # fork: the child's copy would stay locked, and run_from_env() wait for it forever.
+    _env_lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
 def _build_run_from_env() -> AppRun:
     job_id = os.environ.get(ENV_TORCHX_JOB_ID, UNDEFINED_JOB_ID)
     options = RunOptions.from_env()

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from async_tracker.base import CloseReason
 from async_tracker.settings import DEFAULT_SIGTERM_GRACE_S, env_float
+from async_tracker.signals import Mask, block_sigterm, restore
 
 if TYPE_CHECKING:
     from async_tracker.run import AppRun
@@ -170,6 +171,30 @@ def install_sigterm_handler() -> None:
     _previous_sigterm = current
     signal.signal(signal.SIGTERM, _on_sigterm)
     _sigterm_installed = True
+    # Registered now, after the other modules' fork hooks: the child unblocks SIGTERM only
+    # once its runs, loop and flusher are reset (see signals.py).
+    os.register_at_fork(
+        before=_block_sigterm_for_fork,
+        after_in_parent=_unblock_sigterm_after_fork,
+        after_in_child=_unblock_sigterm_after_fork,
+    )
+
+
+_fork_mask: Mask | None = None
+
+
+def _block_sigterm_for_fork() -> None:
+    # A SIGTERM that reached the child before CPython reset its signal state would be
+    # dropped, and our handler never run: blocked, it waits in the kernel until the child
+    # unblocks it, then runs the handler.
+    global _fork_mask
+    _fork_mask = block_sigterm()
+
+
+def _unblock_sigterm_after_fork() -> None:
+    global _fork_mask
+    mask, _fork_mask = _fork_mask, None
+    restore(mask)
 
 
 def _after_fork_in_child() -> None:

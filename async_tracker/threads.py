@@ -46,6 +46,7 @@ from async_tracker.settings import (
     THREAD_IDLE_S,
     env_int,
 )
+from async_tracker.signals import start_thread
 
 T = TypeVar("T")
 
@@ -181,7 +182,7 @@ class ThreadPool:
         )
         try:
             # The new thread starts by taking the lock held here: no deadlock, it waits.
-            thread.start()
+            start_thread(thread)
         except RuntimeError:
             return  # at exit (Python 3.12+) or out of threads: the threads there are will do
         self._threads += 1

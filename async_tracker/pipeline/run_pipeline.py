@@ -118,8 +118,7 @@ class RunPipeline:
         self._sources: list[Ingress | Packed] = [self.unsettled, ingress, self.packed]
         self.overloaded = False
         self._block_expired = False
-        self._room = threading.Event()  # set while not overloaded: blocked writers wait on it
-        self._room.set()
+        self._room = _Room()  # set while not overloaded: blocked writers wait on it
         self._counts_lock = threading.Lock()  # blocked writers count from their own threads
         self.blocked_writes = 0
         self.blocked_s = 0.0
@@ -264,7 +263,7 @@ class RunPipeline:
                 "async_tracker: run %r holds %d records (max_buffered=%d); overflow policy %s",
                 self.run_id, held, limit, self.options.overflow,
             )
-            if self.options.overflow == "block" and self._set_hot is not None:
+            if self.options.overflow == "block" and self._set_hot is not None and not self.closed:
                 self._block_expired = False
                 self._room.clear()
                 self._set_hot("block")
@@ -444,6 +443,39 @@ class RunPipeline:
 
 def _take(source: Ingress | Packed, limit: int) -> list[Record]:
     return source.drain(limit) if isinstance(source, Ingress) else source.take(limit)
+
+
+class _Room:
+    """A ``threading.Event`` (set at first) that ``seal()`` can always set.
+
+    ``seal()`` runs also in the SIGTERM handler, which runs in the main thread on top of
+    whatever that thread was doing: maybe inside this very object's ``set()`` (an exit hook's
+    close) or ``wait()`` (a blocked writer), holding its lock. So the lock is reentrant (a
+    plain Event's would wait for its own thread forever), and setting what is set takes no
+    lock: the close that the handler then waits for seals again on the tracker loop, which
+    must not wait for the main thread's lock either."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition(threading.RLock())
+        self._flag = True
+
+    def is_set(self) -> bool:
+        return self._flag
+
+    def set(self) -> None:
+        if self._flag:
+            return  # no waiter: they wait only while it is clear (see the class's note)
+        with self._cond:
+            self._flag = True
+            self._cond.notify_all()
+
+    def clear(self) -> None:
+        with self._cond:
+            self._flag = False
+
+    def wait(self, timeout: float) -> bool:
+        with self._cond:
+            return self._cond.wait_for(lambda: self._flag, timeout)
 
 
 class _BlockingSink:

@@ -26,6 +26,8 @@ from typing import Any, TypeVar
 
 import anyio.lowlevel
 
+from async_tracker.signals import start_thread
+
 T = TypeVar("T")
 
 THREAD_NAME = "async-tracker-spool"
@@ -58,9 +60,11 @@ class ThreadIO(SpoolIO):
             if self._pid != os.getpid():
                 # A fork copies the queue but not the thread: start afresh in the child.
                 self._queue = queue.SimpleQueue()
-                threading.Thread(
-                    target=self._serve, args=(self._queue,), name=THREAD_NAME, daemon=True
-                ).start()
+                start_thread(
+                    threading.Thread(
+                        target=self._serve, args=(self._queue,), name=THREAD_NAME, daemon=True
+                    )
+                )
                 self._pid = os.getpid()
 
     @staticmethod
@@ -100,3 +104,11 @@ class InlineIO(SpoolIO):
 
 
 thread_io = ThreadIO()
+
+
+def _after_fork_in_child() -> None:
+    # Another thread of the parent may have held it (starting the spool thread) at the fork.
+    thread_io._lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)

@@ -21,7 +21,7 @@ import pytest
 from async_tracker import AppRun, TrackerClosedError
 from async_tracker.backend.memory import InMemoryTracker
 from tests.core.helpers import Child
-from tests.faulty import FaultyTracker, FileTracker, Hang
+from tests.faulty import DictTracker, FaultyTracker, FileTracker, Hang
 
 MakeRun = Callable[..., AppRun]
 
@@ -228,3 +228,97 @@ def test_close_from_the_tracker_loop_itself_does_not_wait_for_itself(
     final = run.close(30)
     assert len(answers) == 1 and final.ok and final.delivered == 1
     assert run.close() is final
+
+
+# A parent with our SIGTERM handler forks children and SIGTERMs each at once, before it has
+# run at all (as Pool.terminate() does to a worker that a loaded machine has not scheduled
+# yet). Without SIGTERM blocked across the fork, CPython's reset of the child's signal state
+# dropped the signal: the child lived on (nearly always the first child here), and a pool
+# waited for it forever.
+FORK_SIGTERM_SCRIPT = """
+import os, signal, sys, time
+from async_tracker import AppRun
+from async_tracker.backend.memory import InMemoryTracker
+
+run = AppRun("job", [InMemoryTracker()])  # installs the SIGTERM handler
+run.log_metric("m", 1.0)
+run.flush()
+survived = 0
+for _ in range(int(sys.argv[1])):
+    pid = os.fork()
+    if pid == 0:
+        # Not reached before the signal is handled, if it was not lost (it is delivered when
+        # the fork hooks unblock it): the length of this wait does not matter.
+        deadline = time.monotonic() + 2
+        while time.monotonic() < deadline:
+            time.sleep(0.01)
+        os._exit(0)
+    os.kill(pid, signal.SIGTERM)
+    _, status = os.waitpid(pid, 0)
+    survived += os.waitstatus_to_exitcode(status) == 0
+    if survived:
+        break
+print(f"survived {survived}", flush=True)
+run.close()
+"""
+
+
+def test_a_sigterm_sent_to_a_forked_child_before_it_ran_is_never_lost(
+    child: Callable[..., Child]
+) -> None:
+    proc = child(FORK_SIGTERM_SCRIPT, "40")
+    assert proc.readline(timeout=120) == "survived 0", proc.stderr()
+    assert proc.wait(60) == 0, proc.stderr()
+
+
+def _blocked_signals(native_id: int) -> set[int]:
+    """The signals a thread of this process blocks, from Linux's /proc."""
+    status = Path(f"/proc/self/task/{native_id}/status").read_text()
+    blocked = next(line.split()[1] for line in status.splitlines() if line.startswith("SigBlk"))
+    mask = int(blocked, 16)
+    return {n for n in range(1, 65) if mask >> (n - 1) & 1}
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_our_threads_leave_sigterm_and_ctrl_c_to_the_main_thread(make_run: MakeRun) -> None:
+    # A process-wide signal goes to any thread that does not block it: taken by one of ours,
+    # the main thread (maybe asleep in a blocking call) would never run its handler.
+    run = make_run("r", [InMemoryTracker(name="m"), DictTracker(name="d")])  # d: a worker's
+    run.add_metadata(a=1)
+    assert run.flush().ok
+    ours = [t for t in threading.enumerate() if t.name.startswith("async-tracker")]
+    kinds = {t.name.split("-")[2] for t in ours}
+    assert kinds >= {"loop", "spool", "worker"}, [t.name for t in ours]
+    for thread in ours:
+        assert thread.native_id is not None
+        assert {signal.SIGTERM, signal.SIGINT} <= _blocked_signals(thread.native_id), thread.name
+    # The caller's mask is as it was.
+    assert threading.main_thread().native_id is not None
+    assert signal.SIGTERM not in _blocked_signals(threading.main_thread().native_id)
+
+
+def test_a_close_in_a_signal_handler_on_top_of_a_seal_in_the_same_thread_ends(
+    make_run: MakeRun,
+) -> None:
+    # SIGTERM's handler runs in the main thread on top of what that thread was doing: maybe
+    # an exit hook's close, inside the seal of the run (holding the lock of the event that
+    # blocked writers wait on). The handler closes the run again, which seals it again: with a
+    # plain threading.Event, the thread waited for itself forever (a pool worker that never
+    # died on Pool.terminate()).
+    run = make_run("r", [InMemoryTracker()])
+    run.log_metric("m", 1.0)
+    assert run.flush().ok
+    pipeline = run._pipeline
+    assert pipeline is not None
+    reports: list[Any] = []
+
+    def interrupted_seal() -> None:
+        with pipeline._room._cond:  # inside set(), as the signal lands
+            reports.append(run.close(timeout=5))  # the handler's close
+
+    thread = threading.Thread(target=interrupted_seal, daemon=True)
+    thread.start()
+    thread.join(60)
+    assert not thread.is_alive(), "close() waited for a lock its own thread held"
+    # Nor did the tracker loop wait for that lock when its close sealed the run again.
+    assert reports[0].ok and reports[0].delivered == 1 and not reports[0].timed_out
