@@ -322,3 +322,61 @@ def test_a_close_in_a_signal_handler_on_top_of_a_seal_in_the_same_thread_ends(
     assert not thread.is_alive(), "close() waited for a lock its own thread held"
     # Nor did the tracker loop wait for that lock when its close sealed the run again.
     assert reports[0].ok and reports[0].delivered == 1 and not reports[0].timed_out
+
+
+# A pool worker whose main thread went to sleep in a blocking call just after a SIGTERM came
+# (CPython's multiprocessing lock does not look for signals between its last try and its
+# wait): the handler would run when the call returns, never. Simulated exactly: the signal
+# module's wakeup fd says SIGTERM came, and the worker's main thread then waits on a lock it
+# holds itself. The watcher interrupts the wait, the handler delivers, the worker dies.
+LOST_SIGTERM_SCRIPT = """
+import os, signal, sys
+from multiprocessing import get_context
+from async_tracker import AppRun
+from tests.faulty import FileTracker
+
+run = AppRun("job", [FileTracker(sys.argv[1])], flush_interval=3600)
+lock = get_context("fork").Lock()  # the worker inherits it
+
+def task():
+    for i in range(100):
+        run.log_metric("worker", float(i), step=i)
+    fd = signal.set_wakeup_fd(-1)
+    signal.set_wakeup_fd(fd)
+    handler = signal.getsignal(signal.SIGTERM)
+    sys.stderr.write(f"worker: wakeup fd {fd}, SIGTERM handler {handler}\\n")
+    os.write(fd, bytes([signal.SIGTERM]))  # as when the signal module caught one
+    lock.acquire()
+    lock.acquire()  # held by this very process: waits forever, unless interrupted
+
+if __name__ == "__main__":
+    ctx = get_context("fork")
+    pool = ctx.Pool(1)
+    (worker,) = pool._pool
+    result = pool.apply_async(task)
+    worker.join(60)
+    if result.ready():  # the task failed before its wait: say why
+        try:
+            result.get()
+        except Exception as exc:
+            sys.stderr.write(f"task raised {exc!r}\\n")
+    print(f"worker exit {worker.exitcode}", flush=True)
+    pool.terminate()
+    run.close()
+"""
+
+
+def test_a_pool_workers_sigterm_that_came_before_a_blocking_wait_is_handled(
+    tmp_path: Path, child: Callable[..., Child]
+) -> None:
+    path = tmp_path / "out.jsonl"
+    proc = child(LOST_SIGTERM_SCRIPT, str(path))
+    line = proc.readline(timeout=90)
+    if line != f"worker exit {-signal.SIGTERM}":
+        proc.proc.kill()  # so that its stderr can be read
+        proc.proc.wait()
+    assert line == f"worker exit {-signal.SIGTERM}", (
+        proc.stderr(), f"SIGTERM here: {signal.getsignal(signal.SIGTERM)}"
+    )
+    assert proc.wait(60) == 0, proc.stderr()
+    assert [p for p in points_of(path)] == list(range(100))  # delivered by the handler
