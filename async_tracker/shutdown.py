@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from async_tracker.base import CloseReason
 from async_tracker.settings import DEFAULT_SIGTERM_GRACE_S, env_float
-from async_tracker.signals import Mask, block_sigterm, restore, start_thread
+from async_tracker.signals import Mask, block_sigterm, restore
 
 if TYPE_CHECKING:
     from async_tracker.run import AppRun
@@ -143,7 +143,6 @@ def flush_all(timeout: float) -> None:
 
 
 def _on_sigterm(signum: int, frame: FrameType | None) -> None:
-    _sigterm_handled.set()
     grace = env_float("SIGTERM_GRACE", DEFAULT_SIGTERM_GRACE_S)
     previous = _previous_sigterm
     if previous in (signal.SIG_DFL, None):
@@ -216,58 +215,6 @@ def _close_at_multiprocessing_exit(_: object) -> None:
     # silently. Their exit does run multiprocessing's own finalizers; this hook runs in each
     # child after it has cleared the parent's finalizers, so close the runs there.
     multiprocessing.util.Finalize(None, close_all, exitpriority=100)
-    _watch_sigterm()
-
-
-# Set when our handler starts: the watcher's cue that the SIGTERM it saw was handled.
-_sigterm_handled = threading.Event()
-_WATCH_PAUSE_S = 0.05
-
-
-def _watch_sigterm() -> None:
-    """In a multiprocessing child (a pool worker), makes sure a SIGTERM reaches our handler.
-
-    Python runs a handler when the main thread next checks for signals; a signal that lands
-    just before the main thread enters a blocking call (a pool worker waiting for its next
-    task, in CPython's multiprocessing lock, which does not look again before it waits) is
-    handled only when that call returns: never, in a worker that ``Pool.terminate()`` will
-    not hand another task, and the pool then waits for it forever. The signal module writes
-    each caught signal's number to a wakeup fd; a watcher thread reads it and, while our
-    handler has not started, sends SIGTERM again to the main thread alone, which interrupts
-    its call (EINTR) so that Python runs the handler. Only the first SIGTERM is watched.
-
-    Only in multiprocessing's children, whose main thread runs the worker, not an event loop
-    (asyncio and trio own the wakeup fd of a process they run in); and only while nobody
-    else has set a wakeup fd and our handler is the one installed."""
-    if signal.getsignal(signal.SIGTERM) is not _on_sigterm or not hasattr(signal, "pthread_kill"):
-        return
-    if threading.current_thread() is not threading.main_thread():
-        return
-    read, write = os.pipe()
-    os.set_blocking(write, False)
-    try:
-        previous = signal.set_wakeup_fd(write, warn_on_full_buffer=False)
-    except (ValueError, OSError):
-        os.close(read)
-        os.close(write)
-        return
-    if previous != -1:  # someone else's: theirs stays
-        signal.set_wakeup_fd(previous)
-        os.close(read)
-        os.close(write)
-        return
-    main = threading.main_thread().ident
-    assert main is not None
-
-    def watch() -> None:
-        while signal.SIGTERM not in os.read(read, 512):
-            pass
-        # The handler starts within a few instructions of the main thread's, when it runs;
-        # the pause lets a busy machine schedule it before we interrupt anything.
-        while not _sigterm_handled.wait(_WATCH_PAUSE_S):
-            signal.pthread_kill(main, signal.SIGTERM)
-
-    start_thread(threading.Thread(target=watch, name="async-tracker-sigterm", daemon=True))
 
 
 atexit.register(close_all)
