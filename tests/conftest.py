@@ -14,7 +14,8 @@ everything: there a test skipped for a module it could not import fails instead,
 from __future__ import annotations
 
 import random
-from collections.abc import Generator
+import signal
+from collections.abc import Generator, Iterator
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -69,6 +70,20 @@ def _cache_in_tmp(
     cache = tmp_path_factory.mktemp("cache")
     monkeypatch.setenv("XDG_CACHE_HOME", str(cache))
     return cache
+
+
+@pytest.fixture(autouse=True)
+def _signal_mask_kept() -> Iterator[None]:
+    """No test leaves the main thread with signals blocked (async_tracker blocks SIGTERM for
+    a moment around a thread's start and a fork): every child process a later test starts
+    would inherit the mask, and never see the SIGTERM it waits for."""
+    if not hasattr(signal, "pthread_sigmask"):
+        yield
+        return
+    before = signal.pthread_sigmask(signal.SIG_BLOCK, ())
+    yield
+    after = signal.pthread_sigmask(signal.SIG_BLOCK, ())
+    assert after == before, f"the main thread's signal mask was {before}, now {after}"
 
 
 @pytest.fixture(scope="session")

@@ -39,28 +39,28 @@ sys.exit(int(sys.argv[1]) if len(sys.argv) > 1 else 0)
 
 # Says "ready" once its handlers are in place, then reports the signal it gets and exits 7.
 SIGNAL_JOB = """
-import signal, sys
+import signal, sys, time
 def on_signal(signum, frame):
     print("got", signum, flush=True)
     sys.exit(7)
 signal.signal(signal.SIGINT, on_signal)
 signal.signal(signal.SIGTERM, on_signal)
 print("ready", flush=True)
-while True:
-    signal.pause()
+while True:  # sleeps, not signal.pause(): see tests/core/helpers.py
+    time.sleep(0.01)
 """
 
 # Logs without its own handler: async_tracker's SIGTERM handler flushes, then the default
 # action ends the job.
 TRACKED_SIGNAL_JOB = """
-import signal
+import time
 from async_tracker import AppRun
 run = AppRun.run_from_env()
 run.log_metric("loss", 0.5, step=0)
 run.add_metadata(state="running")
 print("ready", flush=True)
-while True:
-    signal.pause()
+while True:  # sleeps, not signal.pause(): see tests/core/helpers.py
+    time.sleep(0.01)
 """
 
 

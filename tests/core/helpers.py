@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import select
+import signal
 import subprocess
 import sys
 import time
@@ -41,6 +42,8 @@ def python_env(**extra: str) -> dict[str, str]:
     }
     env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
     env["PYTHONUNBUFFERED"] = "1"
+    # A child that hangs is dumped (every thread's traceback) by the SIGABRT Child sends it.
+    env["PYTHONFAULTHANDLER"] = "1"
     env.update(extra)
     return env
 
@@ -48,7 +51,12 @@ def python_env(**extra: str) -> dict[str, str]:
 class Child:
     """``python -c script args...`` (or ``python script.py args...`` for a Path) with pipes,
     read line by line with deadlines (select on the pipe: the test waits for what the child
-    says, never for a fixed time)."""
+    says, never for a fixed time).
+
+    A child that waits to be signalled idles in ``time.sleep`` calls, never in
+    ``signal.pause()``: CPython runs a Python signal handler only between bytecodes, and a
+    signal whose C handler ran after the last check (the main thread waiting for the GIL
+    just before the call, say) leaves ``pause()`` waiting for a second signal, forever."""
 
     def __init__(self, script: str | Path, *args: str, **env: str) -> None:
         command = [str(script)] if isinstance(script, Path) else ["-c", script]
@@ -71,8 +79,8 @@ class Child:
             left = deadline - time.monotonic()
             ready, _, _ = select.select([self._fd], [], [], max(0.0, left))
             if not ready:
-                self.kill()
-                raise AssertionError(f"no line from the child in {timeout} s; {self.stderr()}")
+                message = f"no line from the child in {timeout} s; {self.dump()}"
+                raise AssertionError(message)
             chunk = os.read(self._fd, 65536)
             if not chunk:
                 raise AssertionError(f"the child closed stdout early; {self.stderr()}")
@@ -85,9 +93,28 @@ class Child:
         try:
             return self.proc.wait(timeout)
         except subprocess.TimeoutExpired:
-            self.kill()
-            message = f"the child did not exit in {timeout} s; {self.stderr()}"
+            message = f"the child did not exit in {timeout} s; {self.dump()}"
             raise AssertionError(message) from None
+
+    def dump(self) -> str:
+        """What a hung child was doing, then kills it: each thread's signal mask and pending
+        signals (from /proc, where there is one), and each thread's traceback (SIGABRT makes
+        the child's faulthandler print them)."""
+        masks = []
+        for status in sorted(Path(f"/proc/{self.proc.pid}/task").glob("*/status")):
+            try:
+                fields = dict(line.split(":\t", 1) for line in status.read_text().splitlines())
+            except OSError:  # the thread ended meanwhile
+                continue
+            keys = ("Name", "SigBlk", "SigPnd", "ShdPnd", "SigCgt")
+            masks.append("  ".join(f"{k}={fields.get(k, '?').strip()}" for k in keys))
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGABRT)
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.kill()
+        return "threads:\n" + "\n".join(masks) + "\n" + self.stderr()
 
     def stderr(self) -> str:
         if self.proc.poll() is None:
