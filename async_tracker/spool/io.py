@@ -67,6 +67,11 @@ class ThreadIO(SpoolIO):
                 )
                 self._pid = os.getpid()
 
+    def after_fork_in_child(self) -> None:
+        # Another thread of the parent may have held the lock (starting the spool thread)
+        # at the fork; the thread itself is restarted by start(), which sees a new pid.
+        self._lock = threading.Lock()
+
     @staticmethod
     def _serve(
         jobs: queue.SimpleQueue[
@@ -104,11 +109,4 @@ class InlineIO(SpoolIO):
 
 
 thread_io = ThreadIO()
-
-
-def _after_fork_in_child() -> None:
-    # Another thread of the parent may have held it (starting the spool thread) at the fork.
-    thread_io._lock = threading.Lock()
-
-
-os.register_at_fork(after_in_child=_after_fork_in_child)
+os.register_at_fork(after_in_child=thread_io.after_fork_in_child)
