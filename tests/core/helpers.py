@@ -97,30 +97,41 @@ class Child:
             raise AssertionError(message) from None
 
     def dump(self) -> str:
-        """What a hung child was doing, then kills it: each thread's signal mask and pending
-        signals (from /proc, where there is one), and each thread's traceback (SIGABRT makes
-        the child's faulthandler print them)."""
-        masks = []
-        for status in sorted(Path(f"/proc/{self.proc.pid}/task").glob("*/status")):
+        """What a hung child and its own children (a pool's workers) were doing, then kills
+        them: each thread's signal mask and pending signals (from /proc, where there is one),
+        and each thread's traceback (SIGABRT makes their faulthandler print them)."""
+        tree = _descendants(self.proc.pid)
+        masks = [mask for pid in [self.proc.pid, *tree] for mask in _signal_masks(pid)]
+        for pid in [*reversed(tree), self.proc.pid]:  # the workers first: the parent waits
             try:
-                fields = dict(line.split(":\t", 1) for line in status.read_text().splitlines())
-            except OSError:  # the thread ended meanwhile
-                continue
-            keys = ("Name", "SigBlk", "SigPnd", "ShdPnd", "SigCgt")
-            masks.append("  ".join(f"{k}={fields.get(k, '?').strip()}" for k in keys))
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGABRT)
+                os.kill(pid, signal.SIGABRT)
+            except ProcessLookupError:
+                pass
+        try:
+            self.proc.wait(30)
+        except subprocess.TimeoutExpired:
+            self.kill()
+        for pid in tree:  # a descendant that survived its SIGABRT keeps the stderr pipe open
             try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                self.kill()
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
         return "threads:\n" + "\n".join(masks) + "\n" + self.stderr()
 
-    def stderr(self) -> str:
+    def stderr(self, timeout: float = 10.0) -> str:
+        """What the child wrote to stderr, once it has exited. Read until the pipe's end or
+        ``timeout``: a process it started may still hold the pipe open."""
         if self.proc.poll() is None:
             return "stderr: (child still running)"
         assert self.proc.stderr is not None
-        return "stderr:\n" + self.proc.stderr.read().decode(errors="replace")
+        fd, data = self.proc.stderr.fileno(), b""
+        deadline = time.monotonic() + timeout
+        while select.select([fd], [], [], max(0.0, deadline - time.monotonic()))[0]:
+            chunk = os.read(fd, 65536)
+            if not chunk:
+                break
+            data += chunk
+        return "stderr:\n" + data.decode(errors="replace")
 
     def kill(self) -> None:
         if self.proc.poll() is None:
@@ -132,3 +143,34 @@ class Child:
         for f in (self.proc.stdin, self.proc.stdout, self.proc.stderr):
             if f is not None:
                 f.close()
+
+
+def _descendants(pid: int) -> list[int]:
+    """The processes below ``pid``, parents before their children (from /proc; none where
+    there is no /proc)."""
+    parents: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            # "pid (comm) state ppid ...": comm may hold spaces and parentheses.
+            ppid = int(stat.read_text().rpartition(")")[2].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        parents.setdefault(ppid, []).append(int(stat.parent.name))
+    tree = list(parents.get(pid, []))
+    for parent in tree:  # breadth first: the list grows as the loop walks it
+        tree.extend(parents.get(parent, []))
+    return tree
+
+
+def _signal_masks(pid: int) -> list[str]:
+    """A line per thread of ``pid``: its name, blocked, pending and caught signals."""
+    lines = []
+    for status in sorted(Path(f"/proc/{pid}/task").glob("*/status")):
+        try:
+            fields = dict(line.split(":\t", 1) for line in status.read_text().splitlines())
+        except OSError:  # the thread ended meanwhile
+            continue
+        keys = ("Name", "SigBlk", "SigPnd", "ShdPnd", "SigCgt")
+        values = "  ".join(f"{k}={fields.get(k, '?').strip()}" for k in keys)
+        lines.append(f"pid {pid} thread {status.parent.name}: {values}")
+    return lines

@@ -126,8 +126,11 @@ def test_sigterm_while_close_is_under_way_waits_for_that_close(
     assert len(steps) - len(set(steps)) <= 100  # at most the batch in flight, twice
 
 
+# The workers log, then each is kept busy (in a sleep loop) while the pool is terminated:
+# a worker idle in multiprocessing's task lock can miss the SIGTERM altogether, a CPython race
+# the README states as a limit, and a test must not hang on it.
 POOL_SCRIPT = """
-import sys
+import sys, time
 from multiprocessing import get_context
 from async_tracker import AppRun
 from tests.faulty import FileTracker
@@ -140,9 +143,20 @@ def work(task):
         run.log_metric(f"task{task}", float(i), step=i)
     return task
 
+def busy():
+    started.put(None)  # the queue the fork inherited
+    while True:
+        time.sleep(0.01)
+
 if __name__ == "__main__":
-    with get_context("fork").Pool(2) as pool:  # leaving the block terminates the workers
+    context = get_context("fork")
+    started = context.Queue()
+    with context.Pool(2) as pool:  # leaving the block terminates the workers
         print(sorted(pool.map(work, range(6))), flush=True)
+        for _ in range(2):  # one per worker: a worker in busy() takes no other task
+            pool.apply_async(busy)
+        for _ in range(2):
+            started.get()
     run.close()
 """
 
