@@ -162,15 +162,22 @@ def _descendants(pid: int) -> list[int]:
     return tree
 
 
+def thread_status(pid: int | str, tid: int | str) -> dict[str, str]:
+    """A thread's fields in Linux's /proc (``SigBlk``: its blocked signals, in hex); OSError
+    if the thread is gone or there is no /proc."""
+    text = Path(f"/proc/{pid}/task/{tid}/status").read_text()
+    return {key: value.strip() for key, _, value in (x.partition(":") for x in text.splitlines())}
+
+
 def _signal_masks(pid: int) -> list[str]:
     """A line per thread of ``pid``: its name, blocked, pending and caught signals."""
     lines = []
-    for status in sorted(Path(f"/proc/{pid}/task").glob("*/status")):
+    for task in sorted(Path(f"/proc/{pid}/task").glob("*")):
         try:
-            fields = dict(line.split(":\t", 1) for line in status.read_text().splitlines())
+            fields = thread_status(pid, task.name)
         except OSError:  # the thread ended meanwhile
             continue
         keys = ("Name", "SigBlk", "SigPnd", "ShdPnd", "SigCgt")
-        values = "  ".join(f"{k}={fields.get(k, '?').strip()}" for k in keys)
-        lines.append(f"pid {pid} thread {status.parent.name}: {values}")
+        values = "  ".join(f"{k}={fields.get(k, '?')}" for k in keys)
+        lines.append(f"pid {pid} thread {task.name}: {values}")
     return lines

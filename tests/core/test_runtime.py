@@ -20,7 +20,7 @@ import pytest
 
 from async_tracker import AppRun, TrackerClosedError
 from async_tracker.backend.memory import InMemoryTracker
-from tests.core.helpers import Child
+from tests.core.helpers import Child, thread_status
 from tests.faulty import DictTracker, FaultyTracker, FileTracker, Hang
 
 MakeRun = Callable[..., AppRun]
@@ -287,9 +287,7 @@ def test_a_sigterm_sent_to_a_forked_child_before_it_ran_is_never_lost(
 
 def _blocked_signals(native_id: int) -> set[int]:
     """The signals a thread of this process blocks, from Linux's /proc."""
-    status = Path(f"/proc/self/task/{native_id}/status").read_text()
-    blocked = next(line.split()[1] for line in status.splitlines() if line.startswith("SigBlk"))
-    mask = int(blocked, 16)
+    mask = int(thread_status("self", native_id)["SigBlk"], 16)
     return {n for n in range(1, 65) if mask >> (n - 1) & 1}
 
 
