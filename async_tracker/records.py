@@ -225,9 +225,18 @@ class PointsBatch(Batch):
 # returns a value the caller can no longer mutate under us.
 
 
+def shown(value: object) -> str:
+    """``repr(value)`` for an error message. A value whose ``__repr__`` raises is named by its
+    type: the message about the bad input must not turn into another error."""
+    try:
+        return repr(value)
+    except Exception:
+        return f"<{type(value).__name__} object>"
+
+
 def check_name(value: object, what: str) -> str:
     if not isinstance(value, str):
-        raise TypeError(f"{what} must be a str, got {type(value).__name__}: {value!r}")
+        raise TypeError(f"{what} must be a str, got {type(value).__name__}: {shown(value)}")
     if not value:
         raise ValueError(f"{what} must not be empty")
     return value
@@ -268,7 +277,7 @@ def metric_step(name: str, step: object) -> int | None:
         return operator.index(step)  # type: ignore[arg-type]
     except TypeError as exc:
         raise TypeError(
-            f"metric {name!r}: step must be an int, got {type(step).__name__}: {step!r}"
+            f"metric {name!r}: step must be an int, got {type(step).__name__}: {shown(step)}"
         ) from exc
 
 
@@ -286,6 +295,9 @@ INT_MIN, INT_MAX = -(2**63), 2**64 - 1
 # Arrays and tensors up to this many values are metadata (a list); larger ones are data, for
 # an artifact: a backend's tag or parameter holds a few kilobytes at most.
 MAX_METADATA_ARRAY = 1000
+# How deep metadata may nest: far more than any config, and far from Python's recursion limit
+# (json_copy takes a frame or two per level, and the caller's stack may already be deep).
+MAX_METADATA_DEPTH = 100
 
 
 def _check_text(value: str, key: str) -> str:
@@ -334,6 +346,10 @@ def json_copy(value: object, key: str, _path: tuple[int, ...] = ()) -> object:
         return _check_int(int(value), key)
     if id(value) in _path:
         raise ValueError(f"metadata {key!r}: the value contains itself (a cycle)")
+    if len(_path) >= MAX_METADATA_DEPTH:
+        raise ValueError(
+            f"metadata {_outer(key)!r}: the value nests deeper than {MAX_METADATA_DEPTH} levels"
+        )
     path = (*_path, id(value))
     if isinstance(value, Mapping):
         out: dict[str, object] = {}
@@ -356,6 +372,11 @@ def json_copy(value: object, key: str, _path: tuple[int, ...] = ()) -> object:
 _NO_FORM = object()
 
 
+def _outer(key: str) -> str:
+    """The start of a nested key's path, for a message about a value nested very deep."""
+    return key if len(key) <= 80 else key[:77] + "..."
+
+
 def _json_form(value: object, key: str) -> object:
     """The obvious JSON form of a value that has one (converted further by json_copy), else
     ``_NO_FORM``. numpy and torch are looked up, not imported: a value can only be theirs
@@ -369,11 +390,27 @@ def _json_form(value: object, key: str) -> object:
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         # Field by field, not dataclasses.asdict(): that deep-copies every field value,
         # which may be large or uncopyable; json_copy makes the copy it needs.
-        return {f.name: getattr(value, f.name) for f in dataclasses.fields(value)}
+        fields: dict[str, object] = {}
+        for f in dataclasses.fields(value):
+            try:
+                fields[f.name] = getattr(value, f.name)
+            except AttributeError:  # a field(init=False) that __post_init__ did not set
+                raise ValueError(
+                    f"metadata {key!r}: field {f.name!r} of {type(value).__name__} is not set"
+                ) from None
+        return fields
     numpy = sys.modules.get("numpy")
     if numpy is not None:
         if isinstance(value, numpy.generic):
-            return value.item()
+            item = value.item()
+            if isinstance(item, numpy.generic):
+                # longdouble and clongdouble: no Python number holds them, item() returns
+                # them as they are (converting again would never end). A float is their
+                # obvious form; a complex number has none.
+                if isinstance(value, numpy.floating):
+                    return float(value)
+                raise TypeError(f"metadata {key!r}: {type(value).__name__} is not JSON data")
+            return item
         if isinstance(value, numpy.ndarray):
             _check_size(value.size, key, "an array")
             return value.tolist()

@@ -125,7 +125,13 @@ def scalar_of(name: str, value: object) -> object:
         # float() of a tensor that requires grad warns (a value is all we want here).
         return value.detach() if value.requires_grad else value
     numpy = sys.modules.get("numpy")
-    if numpy is not None and isinstance(value, numpy.ndarray):
+    if numpy is not None and isinstance(value, (numpy.ndarray, numpy.generic)):
+        # float() of a complex one keeps the real part and warns: refuse it, as a complex
+        # tensor is refused.
+        if value.dtype.kind == "c":
+            raise TypeError(f"metric {name!r}: a complex value is not a real number")
+        if isinstance(value, numpy.generic):
+            return value
         if value.size != 1:
             raise TypeError(
                 f"metric {name!r}: an array of shape {value.shape} has {value.size} values; "

@@ -149,3 +149,86 @@ def test_a_dataclass_that_contains_itself_is_refused_as_a_cycle() -> None:
     ns.me = ns
     with pytest.raises(ValueError, match="cycle"):
         check_metadata({"args": ns})
+
+
+@dataclasses.dataclass
+class Derived:
+    base: int = 1
+    scaled: int = dataclasses.field(init=False)
+
+
+class RaisingRepr:
+    """A value whose repr raises, as some proxies and half-built objects do."""
+
+    def __repr__(self) -> str:
+        raise RuntimeError("no repr")
+
+    def __index__(self) -> int:
+        raise TypeError("not an index")
+
+
+def _nested(depth: int) -> dict[str, object]:
+    top: dict[str, object] = {}
+    inner = top
+    for _ in range(depth):
+        inner["a"] = {}
+        inner = inner["a"]  # type: ignore[assignment]
+    return top
+
+
+@pytest.mark.parametrize(
+    "value, error, message",
+    [
+        (np.clongdouble(1 + 2j), TypeError, "clongdouble is not JSON data"),
+        (_nested(3000), ValueError, "nests deeper than 100 levels"),
+        (Derived(), ValueError, "field 'scaled' of Derived is not set"),
+    ],
+    ids=["clongdouble", "3000-deep", "unset-init-false-field"],
+)
+def test_odd_values_are_refused_naming_the_key_and_the_rest_is_kept(
+    make_run: MakeRun, value: object, error: type[Exception], message: str
+) -> None:
+    # Each of these once escaped as RecursionError or AttributeError from inside the checks.
+    mem = InMemoryTracker()
+    run = make_run("r", [mem])
+    with pytest.raises(error, match=message) as info:
+        run.add_metadata(cfg=value)
+    assert "'cfg" in str(info.value)
+    run.add_metadata(lr=0.5)
+    assert run.flush().ok
+    assert run.metadata() == {"lr": 0.5}  # the refused call kept nothing; later calls work
+
+
+def test_a_longdouble_is_its_float_and_a_config_at_the_depth_bound_is_kept(
+    make_run: MakeRun,
+) -> None:
+    mem = InMemoryTracker()
+    run = make_run("r", [mem])
+    run.add_metadata(eps=np.longdouble(0.5), deep=_nested(99))
+    assert run.flush().ok
+    assert run.metadata()["eps"] == 0.5
+    assert run.metadata()["deep"] == _nested(99)
+
+
+@pytest.mark.parametrize(
+    "call, error, key",
+    [
+        (lambda r: r.log_metric(RaisingRepr(), 1.0, 1), TypeError, "metric name"),  # type: ignore[arg-type]
+        (lambda r: r.log_metric("loss", 1.0, RaisingRepr()), TypeError, "'loss'"),  # type: ignore[arg-type]
+        (lambda r: r.log_metrics({"loss": 1.0}, step=RaisingRepr()), TypeError, "'loss'"),  # type: ignore[arg-type]
+        (lambda r: r.log_metric("loss", np.clongdouble(1 + 1j), 1), TypeError, "'loss'"),
+        (lambda r: r.log_metric("loss", np.array([1 + 1j]), 1), TypeError, "'loss'"),
+    ],
+    ids=["name-repr-raises", "step-repr-raises", "steps-repr-raises", "complex", "complex-array"],
+)
+def test_metric_names_steps_and_values_that_fight_back_get_a_clear_error(
+    make_run: MakeRun, call: Callable[[AppRun], None], error: type[Exception], key: str
+) -> None:
+    mem = InMemoryTracker()
+    run = make_run("r", [mem])
+    with pytest.raises(error) as info:
+        call(run)
+    assert key in str(info.value)
+    run.log_metric("loss", np.longdouble(0.25), 0)
+    assert run.flush().ok
+    assert [(p.step, p.value) for p in mem.points("r", "loss")] == [(0, 0.25)]
