@@ -109,7 +109,7 @@ def test_resume_without_an_answer(
         caplog.clear()
         with caplog.at_level(logging.WARNING, logger="async_tracker.init_run"):
             run = async_tracker.init(
-                "p", dir=store, id="p/x", resume=resume, timeout=0.5,  # type: ignore[arg-type]
+                "p", dir=store, id="p/x", resume=resume, timeout=0.5,
                 spool_dir=str(tmp_path / "spool"),
             )
         run.close(timeout=0.2)
