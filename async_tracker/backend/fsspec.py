@@ -480,6 +480,13 @@ class _Storage:
         with _mapped(f"lookup of {path}"):
             return bool(await self._call("exists", path))
 
+    async def isdir(self, path: str) -> bool:
+        """Whether ``path`` is a directory (on object stores: one request for one key under
+        its prefix)."""
+        with _mapped(f"lookup of {path}"):
+            self.fs.invalidate_cache(path)
+            return bool(await self._call("isdir", path))
+
     async def create(self, path: str, data: bytes) -> bool:
         """Writes ``path`` unless it exists, as one atomic step: True if this call created
         it, False if it was there. Local and POSIX filesystems (NFS included) create it with
@@ -614,10 +621,15 @@ class AsyncFsspecTracker(AsyncTrackerBase):
         return await self._storage.create(path, _encode_json(dict(claim), path))
 
     async def run_exists(self, run_id: str) -> bool:
-        """Whether the store holds ``run_id`` (its claim or any record it wrote), by one
-        listing of the run's own directory (one request on object stores), never of the
-        store. A file where the run's directory should be is a PermanentBackendError."""
+        """Whether the store holds ``run_id`` (its claim or any record it wrote), asking about
+        the run's own directory alone, never the store: one request on object stores for a
+        new run (is there a directory), then its listing. A file where the run's directory
+        should be is a PermanentBackendError."""
         run_dir = self._run_dir(run_id)
+        # Not a listing straight away: s3fs lists a missing directory's parent (the whole
+        # store, a page per 1,000 runs) to see whether it is a file.
+        if not await self._storage.isdir(run_dir):
+            return False
         try:
             entries = await self._storage.ls(run_dir)
         except NotADirectory:

@@ -88,10 +88,9 @@ def test_the_start_asks_about_its_run_never_lists_the_store(
     root = str(store)
     assert root not in listings, listings
     old = str(store / encode_run_id("p/old-3"))
-    # The given id: its own directory once. The resumed one: its directory and its metrics.
-    assert sorted(listings) == sorted(
-        [str(store / encode_run_id("p/given")), old, f"{old}/metrics"]
-    ), listings
+    # The given new id: no listing (a lookup of its directory). The resumed one: its
+    # directory and its metrics.
+    assert sorted(listings) == sorted([old, f"{old}/metrics"]), listings
 
 
 # -- bad paths ------------------------------------------------------------------------------------
