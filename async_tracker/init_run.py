@@ -4,26 +4,42 @@ The store is an fsspec URL or path (default ``$ASYNC_TRACKER_DIR``, else ``./tra
 written in torchx's layout by the fsspec backend, so the CLI (``async-tracker list jobs``) and
 torchx's own reader find the runs. A run id is ``<project>/<name>-<6 hex digits>``, readable and
 unique; ``id=`` opens a given run instead, resumed by default.
+
+The start is bounded (``timeout``, default 1 s): the store is asked about this run alone,
+the new id is claimed by an atomic create, and a store that cannot answer in time means the
+run starts and spools (see :func:`init`).
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
+import errno
+import logging
 import os
 import random
+import socket
+import time
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 from typing import Any, Literal
 
+import anyio
 import fsspec.core
+from fsspec.implementations.local import LocalFileSystem
 
+from async_tracker.backend.errors import chain
 from async_tracker.backend.fsspec import AsyncFsspecTracker
-from async_tracker.errors import TrackerConfigError
+from async_tracker.errors import BackendError, TrackerConfigError
 from async_tracker.factory import AnyTracker, build_tracker
 from async_tracker.loop import get_loop
 from async_tracker.records import check_name
 from async_tracker.run import AppRun
-from async_tracker.settings import RunOptions
+from async_tracker.settings import CLOSE_SLACK_S, RunOptions, init_timeout
+from async_tracker.spool import check_run_id, default_spool_dir, has_spool, spooled_last_steps
+
+logger = logging.getLogger(__name__)
 
 ENV_DIR = "ASYNC_TRACKER_DIR"
 DEFAULT_DIR = "./tracker_runs"
@@ -49,12 +65,15 @@ def store_dir(dir: str | os.PathLike[str] | None = None) -> str:
 
 
 def open_store(dir: str | os.PathLike[str] | None = None) -> AsyncFsspecTracker:
-    """The fsspec backend over a store path or URL (``s3://bucket/prefix``, ``memory://x``)."""
+    """The fsspec backend over a store path or URL (``s3://bucket/prefix``, ``memory://x``);
+    :class:`TrackerConfigError` in one line for a URL no filesystem takes (an unknown
+    protocol, a missing extra)."""
     url = store_dir(dir)
     try:
         fs, root = fsspec.core.url_to_fs(url)
-    except (ImportError, ValueError) as exc:
-        raise TrackerConfigError(f"cannot open the store {url!r}: {exc}") from exc
+    except (ImportError, ValueError, TypeError) as exc:
+        # One line: the user's mistake is the URL, not something in fsspec's stack.
+        raise TrackerConfigError(f"cannot open the store {url!r}: {exc}") from None
     protocols = (fs.protocol,) if isinstance(fs.protocol, str) else fs.protocol
     if "file" in protocols:
         root = os.path.abspath(root)  # the same store whatever the working directory becomes
@@ -69,10 +88,18 @@ def init(
     *,
     id: str | None = None,
     resume: Resume = "allow",
+    timeout: float | None = None,
     backends: Sequence[AnyTracker | str] = (),
     **options: Any,
 ) -> AppRun:
     """A new run of ``project`` in a local store, ready for ``with``.
+
+    Starting never waits on the store longer than ``timeout``: a store that is down means
+    spooling, as for any write. The start check is about the run alone (one request for
+    whether it exists, one to claim a new id, and a resumed run's metrics), never a listing
+    of the store. A new run id is claimed by an atomic create in the store (``claim.json`` in
+    the run's directory: an exclusive create on local and POSIX filesystems, a conditional
+    PUT on S3), so of several processes creating one id exactly one succeeds.
 
     Args:
         project: groups runs; the first part of the run id.
@@ -81,29 +108,57 @@ def init(
         config: recorded as the run's metadata: a mapping, a dataclass or any object with
             attributes (``argparse.Namespace``).
         dir: the store, a path or an fsspec URL (default ``$ASYNC_TRACKER_DIR``, else
-            ``./tracker_runs``).
-        id: open this run id instead of making one. An existing run is resumed: step-less
-            points continue after its last step of each metric (``resume="allow"``, the
-            default); ``resume="never"`` refuses an existing run, ``resume="must"`` a new one.
+            ``./tracker_runs``). A path that cannot hold runs (a file where a directory
+            should be, a folder that cannot be made) or an unknown protocol raises
+            :class:`TrackerConfigError` naming it.
+        id: open this run id instead of making one. ``resume="allow"`` (the default) resumes
+            a run that exists and creates one that does not; ``resume="never"`` refuses a
+            run that exists or that another process is creating; ``resume="must"`` refuses
+            a run found neither in the store (records, or the claim of a run open in
+            another process) nor in this machine's spool. A resumed run's step-less points
+            continue after the last step of each metric stored or still spooled here.
+        timeout: seconds the start waits for the store (default
+            ``$ASYNC_TRACKER_INIT_TIMEOUT``, else 1). Without an answer by then (or with an
+            error from a remote store), a new run starts anyway with one warning and its
+            records wait in the spool; so does ``resume="allow"`` or ``"must"``, continuing
+            step-less points after the steps in this machine's spool only. ``"never"``
+            raises :class:`TrackerConfigError` instead: that no other process holds the id
+            can only be known from the store.
         backends: more backends beside the store: objects, or factory names (``"tensorboard"``,
             ``"mlflow"``, ``module:attr``) built with no config.
         options: ``AppRun`` options (``flush_interval``, ``durable``, ``close_timeout`` ...).
+
+    Example::
+
+        with async_tracker.init("mnist", id="mnist/long-job", resume="allow") as run:
+            run.log_metric("loss", 0.5)  # after the last step stored or spooled
     """
     check_name(project, "project")
     if name is not None:
         check_name(name, "name")
     if resume not in ("allow", "never", "must"):
         raise ValueError(f"resume must be 'allow', 'never' or 'must', got {resume!r}")
-    store = open_store(dir)
-    if id is None:
-        label = name or f"{random.choice(_ADJECTIVES)}-{random.choice(_NOUNS)}"
-        id = f"{project}/{label}-{uuid.uuid4().hex[:6]}"
-    else:
-        check_name(id, "id")
-    last_steps = _existing_steps(store, id, resume)
-    extra = [build_tracker(b, b, None) if isinstance(b, str) else b for b in backends]
+    bound = init_timeout(timeout)
+    url = store_dir(dir)
+    store = open_store(url)
     # ASYNC_TRACKER_<OPTION> variables apply as with run_from_env(); keyword options win.
     options.setdefault("options", RunOptions.from_env())
+    spool_dir = Path(
+        options.get("spool_dir") or options["options"].spool_dir or default_spool_dir()
+    )
+    new_id: Callable[[], str] | None = None
+    if id is None:
+        label = name or f"{random.choice(_ADJECTIVES)}-{random.choice(_NOUNS)}"
+
+        def new_id() -> str:
+            return f"{project}/{label}-{uuid.uuid4().hex[:6]}"
+
+        id = new_id()
+    else:
+        check_name(id, "id")
+        check_run_id(id)
+    id, last_steps = _start(store, url, project, id, new_id, resume, bound, spool_dir)
+    extra = [build_tracker(b, b, None) if isinstance(b, str) else b for b in backends]
     run = AppRun(id, [store, *extra], _last_steps=last_steps, **options)
     metadata: dict[str, object] = {"project": project}
     if config is not None:
@@ -112,26 +167,172 @@ def init(
     return run
 
 
-def _existing_steps(store: AsyncFsspecTracker, run_id: str, resume: Resume) -> dict[str, int]:
-    """The last step of each metric of ``run_id`` if the store holds it (as ``resume`` allows);
-    {} for a new run."""
+# How often a generated id is drawn again when its claim finds it taken (6 hex digits: one
+# chance in 16 million per run in the store; a store that refuses every claim is broken).
+MAX_ID_DRAWS = 5
+# errno values that say a local store's path cannot hold runs: raised at once, not spooled.
+_BAD_PATH_ERRNOS = frozenset(
+    {
+        errno.ENOTDIR, errno.ENOENT, errno.EACCES, errno.EPERM, errno.EROFS, errno.EISDIR,
+        errno.EEXIST, errno.ENAMETOOLONG, errno.ELOOP,
+    }
+)  # fmt: skip
 
-    async def read() -> tuple[bool, dict[str, int]]:
-        exists = run_id in set(await store.run_ids())
-        if not exists:
-            return False, {}
-        metrics = await store.metrics(run_id)
-        return True, {k: max(p.step for p in pts) for k, pts in metrics.items() if pts}
 
-    exists, steps = get_loop().call(read)
-    if exists and resume == "never":
+@dataclasses.dataclass
+class _Answer:
+    """What the store said about a run at its start."""
+
+    run_id: str
+    exists: bool  # claimed (open elsewhere, or created earlier) or holding records
+    steps: dict[str, int] = dataclasses.field(default_factory=dict)
+
+
+def _start(
+    store: AsyncFsspecTracker,
+    url: str,
+    project: str,
+    run_id: str,
+    new_id: Callable[[], str] | None,
+    resume: Resume,
+    bound: float,
+    spool_dir: Path,
+) -> tuple[str, dict[str, int]]:
+    """The run id to open and the last step of each of its metrics, after asking the store
+    for at most ``bound`` seconds; raises what ``resume`` refuses."""
+    spooled = new_id is None and has_spool(spool_dir, run_id)
+    claim = {
+        "run_id": run_id, "project": project, "host": socket.gethostname(),
+        "pid": os.getpid(), "time": time.time(),
+    }  # fmt: skip
+
+    async def ask() -> _Answer | None:
+        # The deadline is on the tracker loop, where cancelling the store's calls is safe
+        # (an async filesystem's request is cancelled on its own loop; a worker thread's
+        # call is abandoned, its thread freed when the call returns).
+        with anyio.move_on_after(bound):
+            return await _ask(store, run_id, new_id, resume, spooled, claim)
+        return None
+
+    future = get_loop().submit(ask)
+    answer: _Answer | None = None
+    why = f"no answer within {bound:g} s"
+    try:
+        # A backstop beyond the loop's own deadline: a loop that is stuck (a blocking call in
+        # a backend) must not hold the caller either.
+        answer = future.result(bound + CLOSE_SLACK_S)
+    except concurrent.futures.TimeoutError:
+        future.cancel()
+    except BackendError as exc:
+        bad = _bad_path(store, url, exc)
+        if bad is not None:
+            raise bad from None
+        why = str(exc).splitlines()[0][:300]
+    if answer is None:
+        return _unanswered(url, run_id, new_id, resume, why, spool_dir)
+    if answer.exists and resume == "never" and new_id is None:
         raise TrackerConfigError(
-            f"run {run_id!r} already exists in the store (resume='never'); "
-            "pick another id, or resume='allow' to continue it"
+            f"run {run_id!r} already exists in the store {url!r} or another process is "
+            "creating it (resume='never'); pick another id, or resume='allow' to continue it"
         )
-    if not exists and resume == "must":
-        raise TrackerConfigError(f"run {run_id!r} is not in the store (resume='must')")
-    return steps
+    if not answer.exists and not spooled and resume == "must" and new_id is None:
+        raise TrackerConfigError(
+            f"run {run_id!r} is not in the store {url!r}, nor in this machine's spool "
+            "(resume='must')"
+        )
+    steps = answer.steps
+    if new_id is None:
+        steps = _later(steps, spooled_last_steps(spool_dir, run_id))
+    return answer.run_id, steps
+
+
+async def _ask(
+    store: AsyncFsspecTracker,
+    run_id: str,
+    new_id: Callable[[], str] | None,
+    resume: Resume,
+    spooled: bool,
+    claim: dict[str, object],
+) -> _Answer:
+    if new_id is not None:
+        # A generated id needs no lookup: its claim says whether it is free.
+        for _ in range(MAX_ID_DRAWS):
+            if await store.claim_run(run_id, {**claim, "run_id": run_id}):
+                return _Answer(run_id, exists=False)
+            run_id = new_id()
+        raise TrackerConfigError(
+            f"the store refused the claim of {MAX_ID_DRAWS} new run ids in a row: "
+            "does it honour exclusive creates?"
+        )
+    if await store.run_exists(run_id):
+        if resume == "never":
+            return _Answer(run_id, exists=True)
+        metrics = await store.metrics(run_id)
+        steps = {k: max(p.step for p in pts) for k, pts in metrics.items() if pts}
+        return _Answer(run_id, exists=True, steps=steps)
+    if resume == "must" and not spooled:
+        return _Answer(run_id, exists=False)  # refused: claim nothing
+    # Claimed even by "allow" and "must": another process's resume="never" of this id must
+    # now be refused. Losing the claim means another process created the run meanwhile:
+    # resume="never" is refused, the others join it (it has no steps yet).
+    created = await store.claim_run(run_id, claim)
+    return _Answer(run_id, exists=not created)
+
+
+def _unanswered(
+    url: str,
+    run_id: str,
+    new_id: Callable[[], str] | None,
+    resume: Resume,
+    why: str,
+    spool_dir: Path,
+) -> tuple[str, dict[str, int]]:
+    """The start without the store's answer (see :func:`init`'s ``timeout``)."""
+    if new_id is not None:
+        logger.warning(
+            "async_tracker: the store %s did not answer (%s); run %r starts anyway and its "
+            "records wait in the spool until the store takes them",
+            url, why, run_id,
+        )
+        return run_id, {}
+    if resume == "never":
+        raise TrackerConfigError(
+            f"cannot start run {run_id!r} with resume='never': the store {url!r} did not "
+            f"answer ({why}), and only the store can tell that no other process holds the id "
+            "(retry, give a longer timeout=, or use resume='allow')"
+        )
+    logger.warning(
+        "async_tracker: the store %s did not answer (%s); run %r starts anyway "
+        "(resume=%r unchecked): step-less points continue after the steps in this machine's "
+        "spool, and records wait in the spool until the store takes them",
+        url, why, run_id, resume,
+    )
+    return run_id, spooled_last_steps(spool_dir, run_id)
+
+
+def _later(*steps: Mapping[str, int]) -> dict[str, int]:
+    """The last step of each metric across ``steps``."""
+    out: dict[str, int] = {}
+    for one in steps:
+        for name, step in one.items():
+            out[name] = max(step, out.get(name, step))
+    return out
+
+
+def _bad_path(
+    store: AsyncFsspecTracker, url: str, exc: BaseException
+) -> TrackerConfigError | None:
+    """A one-line error naming the path, when ``exc`` says a local store's path cannot hold
+    runs (a remote store's errors are its being down: the run spools)."""
+    if not isinstance(store.fs, LocalFileSystem):
+        return None
+    for cause in chain(exc):
+        if isinstance(cause, OSError) and cause.errno in _BAD_PATH_ERRNOS:
+            where = f" ({cause.filename})" if cause.filename else ""
+            return TrackerConfigError(
+                f"the store {url!r} cannot hold runs: {cause.strerror}{where}"
+            )
+    return None
 
 
 def _as_mapping(config: object) -> Mapping[str, object]:

@@ -42,6 +42,13 @@ THREAD_IDLE_S = 10.0
 
 ENV_PREFIX = "ASYNC_TRACKER_"
 
+# How long ``init()`` waits for the store to answer its start check (does the run exist,
+# its last steps, the claim of a new id) before it goes on without the answer: a store that
+# is down must not keep training from starting. Local disks and a near object store answer in
+# milliseconds; a cold S3 client (credentials, TLS) in a few hundred.
+DEFAULT_INIT_TIMEOUT_S = 1.0
+ENV_INIT_TIMEOUT = ENV_PREFIX + "INIT_TIMEOUT"
+
 
 @dataclass(frozen=True)
 class RunOptions:
@@ -129,6 +136,19 @@ def env_float(name: str, default: float) -> float:
         return float(raw)
     except ValueError:
         raise ValueError(f"{ENV_PREFIX}{name}={raw!r} is not a number of seconds") from None
+
+
+def init_timeout(timeout: float | None = None) -> float:
+    """``timeout`` if given, else ``$ASYNC_TRACKER_INIT_TIMEOUT``, else
+    :data:`DEFAULT_INIT_TIMEOUT_S`; ValueError naming it unless it is a number > 0."""
+    if timeout is None:
+        timeout = env_float("INIT_TIMEOUT", DEFAULT_INIT_TIMEOUT_S)
+        what = f"{ENV_INIT_TIMEOUT}={timeout!r}"
+    else:
+        what = f"timeout={timeout!r}"
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
+        raise ValueError(f"{what}: the start timeout must be a number of seconds > 0")
+    return float(timeout)
 
 
 def env_int(name: str, default: int, minimum: int = 1) -> int:

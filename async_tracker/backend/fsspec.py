@@ -49,6 +49,7 @@ from __future__ import annotations
 import asyncio
 import binascii
 import contextlib
+import errno
 import functools
 import hashlib
 import itertools
@@ -128,7 +129,14 @@ STATUS_DIR = "status"
 _STATUS_RANK = {"finished": 0, "killed": 1, "failed": 2}
 # What makes a directory a run's: any record the run wrote itself. A directory holding only
 # ``descendants/`` is the other end of an edge (a data set, a parent in another store).
-RUN_PARTS = frozenset({METADATA_DIR, ARTIFACTS_DIR, SOURCES_DIR, PARENTS_DIR, METRICS_DIR})
+# The run's claim: a small JSON file that its creator writes by an atomic create-if-absent
+# (see AsyncFsspecTracker.claim_run), so that of several processes creating one run id
+# exactly one succeeds. It makes the directory a run's from its start, before any record;
+# torchx's reader only reads the folders it knows and never sees it.
+CLAIM_FILE = "claim.json"
+RUN_PARTS = frozenset(
+    {METADATA_DIR, ARTIFACTS_DIR, SOURCES_DIR, PARENTS_DIR, METRICS_DIR, CLAIM_FILE}
+)
 
 # One path component on common local filesystems (ext4, xfs, apfs, NTFS). Enforced on every
 # filesystem: a store is copied between disks and buckets, and torchx reads both.
@@ -472,6 +480,45 @@ class _Storage:
         with _mapped(f"lookup of {path}"):
             return bool(await self._call("exists", path))
 
+    async def isdir(self, path: str) -> bool:
+        """Whether ``path`` is a directory (on object stores: one request for one key under
+        its prefix)."""
+        with _mapped(f"lookup of {path}"):
+            self.fs.invalidate_cache(path)
+            return bool(await self._call("isdir", path))
+
+    async def create(self, path: str, data: bytes) -> bool:
+        """Writes ``path`` unless it exists, as one atomic step: True if this call created
+        it, False if it was there. Local and POSIX filesystems (NFS included) create it with
+        ``O_EXCL``; s3fs sends a conditional PUT (``If-None-Match: *``, which S3 and moto
+        honour); other filesystems get fsspec's ``mode="create"``, which for those without a
+        conditional write is a lookup then a write (not atomic: two creators racing within
+        one round trip may both succeed)."""
+        with _mapped(f"exclusive create of {path}"):
+            try:
+                if self.stages:
+                    await run_blocking(self._create_local, path, data, endpoint=self.endpoint)
+                else:
+                    await self._call("pipe_file", path, data, mode="create")
+            except FileExistsError:
+                return False
+        return True
+
+    @staticmethod
+    def _create_local(path: str, data: bytes) -> None:
+        directory = posixpath.dirname(path)
+        try:
+            os.makedirs(directory, exist_ok=True)
+        except FileExistsError:  # a file where the directory should be: not "claimed"
+            raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), directory) from None
+        # O_EXCL: the kernel (or the NFS server) creates the file only if no other did. A
+        # reader may see it empty for a moment; what counts is that it exists.
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        try:
+            os.write(fd, data)
+        finally:
+            os.close(fd)
+
 
 class NotADirectory(Exception):
     """A file where the layout has a directory (a corrupt or foreign store)."""
@@ -565,6 +612,31 @@ class AsyncFsspecTracker(AsyncTrackerBase):
         path = self._path(run_id, STATUS_DIR, f"{_names.token}.json")
         with _mapped(f"write of run {run_id!r}"):
             await self._put_json(run_id, path, {"status": reason, "time": time.time()})
+
+    async def claim_run(self, run_id: str, claim: Mapping[str, object]) -> bool:
+        """Claims ``run_id`` by creating its ``claim.json`` (holding ``claim``) if absent, in
+        one atomic step (see :meth:`_Storage.create`): True if this call created it, False
+        if the run was claimed already (by any process, on any host)."""
+        path = self._path(run_id, CLAIM_FILE)
+        return await self._storage.create(path, _encode_json(dict(claim), path))
+
+    async def run_exists(self, run_id: str) -> bool:
+        """Whether the store holds ``run_id`` (its claim or any record it wrote), asking about
+        the run's own directory alone, never the store: one request on object stores for a
+        new run (is there a directory), then its listing. A file where the run's directory
+        should be is a PermanentBackendError."""
+        run_dir = self._run_dir(run_id)
+        # Not a listing straight away: s3fs lists a missing directory's parent (the whole
+        # store, a page per 1,000 runs) to see whether it is a file.
+        if not await self._storage.isdir(run_dir):
+            return False
+        try:
+            entries = await self._storage.ls(run_dir)
+        except NotADirectory:
+            raise PermanentBackendError(
+                f"fsspec: {run_dir} is a file where the directory of run {run_id!r} should be"
+            ) from None
+        return not RUN_PARTS.isdisjoint(name for name, _ in entries)
 
     async def run_status(self, run_id: str) -> tuple[str, float | None]:
         """How the run ended and when: ``failed`` if any writer failed, else ``killed`` if

@@ -18,6 +18,7 @@ from async_tracker.spool.store import (
     has_spool,
     new_token,
     run_dir_name,
+    spooled_last_steps,
     spooled_runs,
 )
 
@@ -31,5 +32,6 @@ __all__ = [
     "has_spool",
     "new_token",
     "run_dir_name",
+    "spooled_last_steps",
     "spooled_runs",
 ]

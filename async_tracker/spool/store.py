@@ -294,6 +294,46 @@ def has_spool(spool_dir: str | Path, run_id: str) -> bool:
         return False
 
 
+def spooled_last_steps(spool_dir: str | Path, run_id: str) -> dict[str, int]:
+    """The last step of each metric in this run's segments under ``spool_dir``, whatever
+    the backend: what a resumed run still has on this machine, not yet stored (a dead
+    process's spool waiting for its replay). Reads only, takes no lock and moves nothing
+    (the replay does that); a segment that cannot be read, or a damaged line, is skipped
+    with one warning naming it."""
+    run_dir = Path(spool_dir) / run_dir_name(run_id)
+    last: dict[str, int] = {}
+    skipped: list[str] = []
+    try:
+        paths = sorted(run_dir.glob(f"*/*{SEGMENT_SUFFIX}"))
+    except OSError as exc:
+        logger.warning("async_tracker: cannot list the spool of run %r: %s", run_id, exc)
+        return last
+    for path in paths:
+        if parse_segment(path) is None:
+            continue
+        try:
+            data = path.read_bytes()
+        except FileNotFoundError:
+            continue  # replayed and removed meanwhile: its points are in the store now
+        except OSError as exc:
+            skipped.append(f"{path} ({exc.strerror or exc})")
+            continue
+        batches, damaged = read_segment_bytes(data)
+        if damaged:
+            skipped.append(f"{path} ({damaged} damaged lines of {len(batches)})")
+        for batch in filter(None, batches):
+            for name, _, step, _ in batch.metric_rows():
+                if name not in last or step > last[name]:
+                    last[name] = step
+    if skipped:
+        more = f"; and {len(skipped) - 5} more" if len(skipped) > 5 else ""
+        logger.warning(
+            "async_tracker: run %r: skipped what cannot be read in its spool: %s%s",
+            run_id, "; ".join(skipped[:5]), more,
+        )
+    return last
+
+
 def spooled_runs(spool_dir: Path) -> list[tuple[str, str, Path]]:
     """``(run_id, backend_dir, path)`` of every (run, backend) directory holding segments;
     anything else under ``spool_dir`` is skipped."""

@@ -12,8 +12,9 @@ from pathlib import Path
 import fsspec
 import pytest
 
+import async_tracker
 from async_tracker import AppRun
-from async_tracker.backend.fsspec import FsspecTracker
+from async_tracker.backend.fsspec import CLAIM_FILE, FsspecTracker, encode_run_id
 
 pytestmark = pytest.mark.timeout(600)  # the first run builds torchx's environment
 
@@ -135,3 +136,23 @@ def test_torchx_cli_lists_what_we_write(tmp_path: Path, torchx_python: Path) -> 
     assert "epoch" in metadata and "11" in metadata
     artifacts = cli("artifacts", "--artifact", "model", RUN)
     assert "/ckpt/m2.pt" in artifacts and "/logs" not in artifacts
+
+
+def test_torchx_reads_a_run_that_init_claimed(tmp_path: Path, torchx_python: Path) -> None:
+    """init() leaves claim.json in the run's folder: torchx's reader lists the run and reads
+    its records as before, and the claim is not a run of its own."""
+    root = tmp_path / "store"
+    with async_tracker.init("p", dir=str(root), id=RUN, config={"lr": 0.1}, timeout=60) as run:
+        run.add_source(PARENT, "checkpoint")
+    with async_tracker.init("p", dir=str(root), id=PARENT, timeout=60):
+        pass  # nothing but its claim and the project
+    assert (root / encode_run_id(RUN) / CLAIM_FILE).is_file()
+    out = subprocess.run(
+        [str(torchx_python), "-c", READ_WITH_TORCHX, str(root), RUN, PARENT],
+        check=True, capture_output=True, text=True,
+    )
+    seen = json.loads(out.stdout)
+    assert seen["run_ids"] == sorted([RUN, PARENT])
+    assert seen["children"] == [RUN]
+    assert seen["metadata"] == {"project": "p", "lr": 0.1}
+    assert seen["sources"] == [[PARENT, "checkpoint"]]
