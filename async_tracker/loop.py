@@ -150,6 +150,15 @@ class TrackerLoop:
             else:
                 _settle(future.set_result, result)
 
+    def call_soon(self, fn: Callable[..., object], *args: Any) -> None:
+        """Runs the plain function ``fn(*args)`` on the loop thread soon, and returns at once:
+        it only queues a callback (no lock, no wait), so a signal handler may call it."""
+        if self.in_loop_thread():
+            fn(*args)
+            return
+        assert self._aloop is not None
+        self._aloop.call_soon_threadsafe(fn, *args)
+
     def call(self, fn: Callable[..., Awaitable[T]], *args: Any, timeout: float | None = None) -> T:
         """Runs ``fn(*args)`` on the loop and waits for its result in the calling thread."""
         if self.in_loop_thread():

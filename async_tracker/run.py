@@ -520,18 +520,23 @@ class AppRun:
         if self.closed:
             raise TrackerClosedError(f"run {self.id!r} is closed; flush() needs an open run")
 
-    def _start_close(
-        self, timeout: float, reason: CloseReason
+    def begin_close(
+        self, deadline: float, reason: CloseReason
     ) -> Callable[[float], FlushReport]:
-        """Begins closing and returns a function that waits for the report. Split so that
-        the exit hook can close every run at once."""
+        """Begins closing the run by ``deadline`` (``time.monotonic()`` seconds), or moves
+        the deadline of the close under way earlier (never later); returns a function that
+        waits for the report until a given ``time.monotonic()`` deadline (plus a slack), and
+        answers with the state then if the close is not over. Split so that the process's
+        exit and SIGTERM can close every run at once; ``reason`` counts only for the first
+        close."""
         if self._system is not None:
             self._system.stop()
         with self._start_lock:
             self.closed = True
             self._sink = _Closed(self.id)
             pipeline = self._pipeline
-        if pipeline is not None:
+        timeout = max(0.0, deadline - time.monotonic())
+        if pipeline is not None and self._close_future is None:
             # Writers blocked by the block policy give up now; then wait until no thread is
             # inside a write (one may have fetched the old append just before the swap), so
             # that the final drain sees every write that returned normally.
@@ -546,19 +551,28 @@ class AppRun:
             report = self._close_report or self._idle_report()
             self._close_report = report
             return lambda _: report
+        loop = get_loop()
         with self._start_lock:
-            if self._close_future is None:
-                self._close_future = get_loop().submit(pipeline.close, timeout, reason)
             future = self._close_future
-        if get_loop().in_loop_thread():
+            if future is None:
+                timeout = max(0.0, deadline - time.monotonic())
+                future = self._close_future = loop.submit(pipeline.close, timeout, reason)
+            else:
+                # A close under way (another thread's, the exit hook's, the one this signal
+                # interrupted): it ends by the earlier deadline. Handed to the loop, which
+                # owns the pipeline; a plain callback, so a loop busy in a task still takes it.
+                loop.call_soon(pipeline.shorten, deadline)
+        if loop.in_loop_thread():
             # Called on the tracker loop itself (from a backend's code): waiting here would
             # wait for ourselves. The close goes on; this answers with the state now, and a
             # later close() returns the final report.
             return lambda _: FlushReport.from_status(self.status(), timed_out=True)
 
-        def wait(remaining: float) -> FlushReport:
+        def wait(until: float) -> FlushReport:
+            if self._close_report is not None:
+                return self._close_report
             try:
-                report = future.result(remaining + CLOSE_SLACK_S)
+                report = future.result(max(0.0, until - time.monotonic()) + CLOSE_SLACK_S)
             except concurrent.futures.TimeoutError:
                 # The loop itself is stuck (an async backend blocking it): answer anyway.
                 report = FlushReport.from_status(self.status(), timed_out=True)
@@ -581,7 +595,8 @@ class AppRun:
         if self._close_report is not None:
             return self._close_report
         limit = self.options.close_timeout if timeout is None else timeout
-        report = self._start_close(limit, shutdown.close_reason(reason))(limit)
+        deadline = shutdown.close_deadline(limit)
+        report = self.begin_close(deadline, shutdown.close_reason(reason))(deadline)
         self._check_strict(report)
         return report
 
@@ -592,10 +607,11 @@ class AppRun:
         if self._close_report is not None:
             return self._close_report
         limit = self.options.close_timeout if timeout is None else timeout
-        wait = self._start_close(limit, shutdown.close_reason(reason))
+        deadline = shutdown.close_deadline(limit)
+        wait = self.begin_close(deadline, shutdown.close_reason(reason))
         future = self._close_future
         if future is None:  # nothing was started: wait() answers at once
-            report = wait(limit)
+            report = wait(deadline)
         elif self._close_report is not None:  # another closer has its answer already
             report = self._close_report
         else:
@@ -603,7 +619,8 @@ class AppRun:
             # nest_asyncio process from exiting), bounded as close() is. Cancelling the caller
             # abandons the wait, not the close: a later close() waits for the same future.
             try:
-                report = await wait_future(future, timeout=limit + CLOSE_SLACK_S, cancel=False)
+                wait_s = max(0.0, deadline - time.monotonic()) + CLOSE_SLACK_S
+                report = await wait_future(future, timeout=wait_s, cancel=False)
             except concurrent.futures.TimeoutError:
                 # The loop itself is stuck (an async backend blocking it): answer anyway.
                 report = FlushReport.from_status(self.status(), timed_out=True)

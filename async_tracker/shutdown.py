@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import atexit
 import logging
+import math
 import multiprocessing.util
 import os
 import signal
@@ -38,6 +39,8 @@ logger = logging.getLogger(__name__)
 _runs: weakref.WeakValueDictionary[int, AppRun] = weakref.WeakValueDictionary()
 _sigterm_installed = False
 _previous_sigterm: Any = None
+# The end of the first SIGTERM's grace (time.monotonic()): no close ends later.
+_sigterm_deadline = math.inf
 
 
 # Runs with records on their way, held until they close: the exit hook must close a run its
@@ -103,19 +106,28 @@ def close_reason(reason: CloseReason | None) -> CloseReason:
     return "failed" if exiting_on_exception() else "finished"
 
 
+def close_deadline(timeout: float) -> float:
+    """The deadline (``time.monotonic()``) of a close given ``timeout`` seconds now: the
+    earlier of now + ``timeout`` and the SIGTERM grace's end, once a SIGTERM came. Every
+    close asks here, so that one that starts after the signal (the exit hook's, a
+    ``close()`` in the previous handler's cleanup) ends within the grace too."""
+    return min(time.monotonic() + timeout, _sigterm_deadline)
+
+
 def close_all(timeout: float | None = None, reason: CloseReason | None = None) -> None:
-    """Closes every open run concurrently, and waits for closes under way, within
-    ``timeout`` (default: the longest ``close_timeout`` among them); logs what was not
-    delivered. ``reason`` defaults as :func:`close_reason` says."""
+    """Closes every open run concurrently, and waits for closes under way, by one deadline:
+    ``timeout`` (default: the longest ``close_timeout`` among them) from now, or the SIGTERM
+    grace's end if earlier; closes under way end by it too. Logs what was not delivered.
+    ``reason`` defaults as :func:`close_reason` says."""
     runs = unfinished_runs()
     if not runs:
         return
     why = close_reason(reason)
     limit = max(r.options.close_timeout for r in runs) if timeout is None else timeout
-    deadline = time.monotonic() + limit
-    pending = [(r, r._start_close(max(0.0, deadline - time.monotonic()), why)) for r in runs]
+    deadline = close_deadline(limit)
+    pending = [(r, r.begin_close(deadline, why)) for r in runs]
     for run, wait in pending:
-        report = wait(max(0.0, deadline - time.monotonic()))
+        report = wait(deadline)
         if not report.ok:
             logger.warning("%s", report.summary(run.id, _store_urls(run)))
 
@@ -143,7 +155,11 @@ def flush_all(timeout: float) -> None:
 
 
 def _on_sigterm(signum: int, frame: FrameType | None) -> None:
+    global _sigterm_deadline
     grace = env_float("SIGTERM_GRACE", DEFAULT_SIGTERM_GRACE_S)
+    # From now on every close, under way or to come, ends by the grace's end: what is not
+    # delivered by then is spooled, before the process may die.
+    _sigterm_deadline = min(_sigterm_deadline, time.monotonic() + grace)
     previous = _previous_sigterm
     if previous in (signal.SIG_DFL, None):
         # The default action kills the process without running atexit: end runs now.
@@ -151,7 +167,13 @@ def _on_sigterm(signum: int, frame: FrameType | None) -> None:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         os.kill(os.getpid(), signal.SIGTERM)
         return
-    flush_all(grace)
+    # The previous handler decides whether the process ends: open runs stay open (flushed),
+    # and closes under way end (spooling what they could not deliver) before it runs.
+    closing = [r for r in unfinished_runs() if r.closed]
+    waits = [r.begin_close(_sigterm_deadline, "killed") for r in closing]
+    flush_all(max(0.0, _sigterm_deadline - time.monotonic()))
+    for wait in waits:
+        wait(_sigterm_deadline)
     if callable(previous):
         previous(signum, frame)
 
@@ -198,6 +220,8 @@ def _unblock_sigterm_after_fork() -> None:
 
 
 def _after_fork_in_child() -> None:
+    global _sigterm_deadline
+    _sigterm_deadline = math.inf  # the parent's signal, not ours
     for run in _all_runs():
         run._reset_after_fork()
 

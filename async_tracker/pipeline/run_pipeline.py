@@ -19,7 +19,8 @@ import math
 import random
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Literal
 
@@ -127,6 +128,12 @@ class RunPipeline:
         # The scopes of the flushes (and reads) waiting for lanes: close() ends them once it
         # has stopped the lanes, or they would wait forever for progress that cannot come.
         self._waiting: set[anyio.CancelScope] = set()
+        # close()'s deadline, from the moment one is known (infinite until then). It only
+        # ever moves earlier: shorten() (a SIGTERM) may set it before close() starts, or
+        # while it runs; then the scopes of the close under way move with it. Each scope
+        # maps to its floor: the time before which it must not end (the last step's bound).
+        self._deadline = math.inf
+        self._deadline_scopes: dict[anyio.CancelScope, float] = {}
 
     # -- cutting --------------------------------------------------------------------------------
     def tick(self) -> None:
@@ -363,26 +370,53 @@ class RunPipeline:
         self._room.set()
 
     async def close(self, timeout: float, reason: CloseReason = "finished") -> FlushReport:
-        """Delivers what it can until ``timeout``, then stops the lanes whatever they do and
-        spools what they still hold in memory; then tells every backend the run ended with
-        ``reason``. The ingress was sealed by the caller."""
-        deadline = self.clock.now() + timeout
+        """Delivers what it can until ``timeout`` (or the earlier deadline :meth:`shorten`
+        set), then stops the lanes whatever they do and spools what they still hold in
+        memory; then tells every backend the run ended with ``reason``. The ingress was
+        sealed by the caller."""
+        self._deadline = min(self._deadline, self.clock.now() + timeout)
         self.seal()
         try:
-            return await self._close(deadline, reason)
+            return await self._close(reason)
         finally:
             for scope in list(self._waiting):
                 scope.cancel()
 
-    async def _close(self, deadline: float, reason: CloseReason) -> FlushReport:
-        with self.clock.deadline(deadline):
+    def shorten(self, deadline: float) -> None:
+        """Moves close()'s deadline, under way or to come, to ``deadline`` if that is
+        earlier (a SIGTERM's grace). On the loop: another thread hands it over with the
+        loop's ``call_soon``. What the lanes have not delivered by then is spooled."""
+        if deadline >= self._deadline:
+            return
+        self._deadline = deadline
+        for scope, floor in list(self._deadline_scopes.items()):
+            self.clock.move(scope, max(floor, deadline))
+        for lane in self.lanes:
+            if lane.deadline is not None:  # retrying to the old deadline: stop sooner
+                lane.begin_close(deadline)
+
+    @contextmanager
+    def _until_deadline(
+        self, floor: float = -math.inf, shield: bool = False
+    ) -> Iterator[anyio.CancelScope]:
+        """A scope that ends at close()'s deadline, wherever :meth:`shorten` moves it, but
+        not before ``floor``."""
+        with self.clock.deadline(max(floor, self._deadline), shield) as scope:
+            self._deadline_scopes[scope] = floor
+            try:
+                yield scope
+            finally:
+                del self._deadline_scopes[scope]
+
+    async def _close(self, reason: CloseReason) -> FlushReport:
+        with self._until_deadline():
             await self._cut_all()
         # Device values not computed by now are dropped (counted), not waited for.
         self._give_up = "its device had not computed the value by close's deadline"
         self.cut(everything=True)  # what the deadline left packed: to the lanes, then disk
         for lane in self.lanes:
-            lane.begin_close(deadline)
-        with self.clock.deadline(deadline) as scope:
+            lane.begin_close(self._deadline)
+        with self._until_deadline() as scope:
             for lane in self.lanes:
                 while not lane.drained() and lane.failure is None:
                     await lane.wait_progress()
@@ -390,7 +424,7 @@ class RunPipeline:
             lane.stop()
         # Shielded and bounded: the records must reach the disk even if this close() is
         # itself cancelled, but a stuck disk must not hold the caller past its deadline.
-        grace = max(self.clock.now(), deadline) + SPOOL_GRACE_S
+        grace = max(self.clock.now(), self._deadline) + SPOOL_GRACE_S
         with self.clock.deadline(grace, shield=True):
             for lane in self.lanes:
                 await lane.spool_leftovers()
@@ -404,8 +438,7 @@ class RunPipeline:
         # Shielded: a backend left half-closed (an MLflow run left RUNNING) is worse than
         # waiting out the rest of our deadline. Every backend hears that the run ended (also
         # those the user built); only those the run built are closed.
-        end = max(self.clock.now() + SPOOL_GRACE_S, deadline)
-        with self.clock.deadline(end, shield=True):
+        with self._until_deadline(floor=self.clock.now() + SPOOL_GRACE_S, shield=True):
             async with anyio.create_task_group() as tg:
                 for lane in self.lanes:
                     tg.start_soon(self._end_quietly, lane, reason)
