@@ -262,6 +262,9 @@ class AppRun:
         # a close() after a cancelled aclose()) waits for it instead of closing again.
         self._close_future: concurrent.futures.Future[FlushReport] | None = None
         self.closed = False
+        # Popped by the first close report that leaves records behind (list.pop is atomic,
+        # also against a SIGTERM handler's close on top of this thread's): said once.
+        self._summary_due: list[None] = [None]
         # Where writes go now (see ingress.Sink): the hot path calls self._sink.append (or
         # extend, for log_metrics: all points of one call in one C call, so that a
         # KeyboardInterrupt cannot keep some of them and lose the rest). Until the first
@@ -576,10 +579,27 @@ class AppRun:
             except concurrent.futures.TimeoutError:
                 # The loop itself is stuck (an async backend blocking it): answer anyway.
                 report = FlushReport.from_status(self.status(), timed_out=True)
-            self._close_report = report
-            return report
+            return self._closed_with(report)
 
         return wait
+
+    def _closed_with(self, report: FlushReport) -> FlushReport:
+        """Keeps the close's report, and says once, on stderr (the logger), what it left
+        undelivered and the command that delivers it: at close(), at a ``with`` block's
+        end, at exit and on SIGTERM alike."""
+        self._close_report = report
+        if report.spooled or report.pending or report.dropped:
+            try:
+                self._summary_due.pop()
+            except IndexError:
+                return report  # said already
+            stores = {
+                name: backend.store_url
+                for name, backend in zip(self._names, self._async_backends)
+                if backend.store_url
+            }
+            logger.warning("%s", report.summary(self.id, stores))
+        return report
 
     def close(
         self, timeout: float | None = None, reason: CloseReason | None = None
@@ -624,7 +644,7 @@ class AppRun:
             except concurrent.futures.TimeoutError:
                 # The loop itself is stuck (an async backend blocking it): answer anyway.
                 report = FlushReport.from_status(self.status(), timed_out=True)
-            self._close_report = report
+            report = self._closed_with(report)
         self._check_strict(report)
         return report
 
@@ -688,6 +708,7 @@ class AppRun:
         self._ingress.clear()
         self._pipeline = None
         self._close_future = None
+        self._summary_due = [None]
         self._system = None  # the parent samples; its task is not ours to stop
         self._start_lock = threading.RLock()
         if not self.closed and self._async_backends:

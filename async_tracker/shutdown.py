@@ -117,7 +117,8 @@ def close_deadline(timeout: float) -> float:
 def close_all(timeout: float | None = None, reason: CloseReason | None = None) -> None:
     """Closes every open run concurrently, and waits for closes under way, by one deadline:
     ``timeout`` (default: the longest ``close_timeout`` among them) from now, or the SIGTERM
-    grace's end if earlier; closes under way end by it too. Logs what was not delivered.
+    grace's end if earlier; closes under way end by it too. Each run's close logs what it
+    could not deliver.
     ``reason`` defaults as :func:`close_reason` says."""
     runs = unfinished_runs()
     if not runs:
@@ -125,24 +126,9 @@ def close_all(timeout: float | None = None, reason: CloseReason | None = None) -
     why = close_reason(reason)
     limit = max(r.options.close_timeout for r in runs) if timeout is None else timeout
     deadline = close_deadline(limit)
-    pending = [(r, r.begin_close(deadline, why)) for r in runs]
-    for run, wait in pending:
-        report = wait(deadline)
-        if not report.ok:
-            logger.warning("%s", report.summary(run.id, _store_urls(run)))
-
-
-def _store_urls(run: AppRun) -> dict[str, str]:
-    """The store URL of each of the run's backends that is an fsspec store: the exit
-    summary's ``sync --to`` needs nothing else to deliver what waits for them."""
-    # Imported here: run.py imports this module before any backend is loaded.
-    from async_tracker.backend.fsspec import AsyncFsspecTracker
-
-    return {
-        name: backend.fs.unstrip_protocol(backend.root_dir)
-        for name, backend in zip(run._names, run._async_backends)
-        if isinstance(backend, AsyncFsspecTracker)
-    }
+    # Each run's close says what it could not deliver (once): nothing to log here.
+    for wait in [r.begin_close(deadline, why) for r in runs]:
+        wait(deadline)
 
 
 def flush_all(timeout: float) -> None:

@@ -515,7 +515,11 @@ class AsyncFsspecTracker(AsyncTrackerBase):
     def __init__(self, fs: fsspec.AbstractFileSystem, root_dir: str) -> None:
         self.fs = fs
         self.root_dir = fs._strip_protocol(root_dir).rstrip("/") or "/"
-        self._storage = _Storage(fs, fs.unstrip_protocol(self.root_dir))
+        # The store as a URL (file:///data/runs, s3://bucket/runs): what
+        # `async-tracker sync --to` takes to deliver spooled records here.
+        url = fs.unstrip_protocol(self.root_dir)
+        self.store_url: str | None = url
+        self._storage = _Storage(fs, url)
 
     def _run_dir(self, run_id: str) -> str:
         return posixpath.join(self.root_dir, encode_run_id(run_id))
