@@ -20,9 +20,9 @@ import fsspec.core
 from async_tracker.backend.fsspec import AsyncFsspecTracker
 from async_tracker.errors import TrackerConfigError
 from async_tracker.factory import AnyTracker, build_tracker
-from async_tracker.loop import get_loop
 from async_tracker.records import check_name
 from async_tracker.run import AppRun
+from async_tracker.runtime.process import runtime
 from async_tracker.settings import RunOptions
 
 ENV_DIR = "ASYNC_TRACKER_DIR"
@@ -123,7 +123,7 @@ def _existing_steps(store: AsyncFsspecTracker, run_id: str, resume: Resume) -> d
         metrics = await store.metrics(run_id)
         return True, {k: max(p.step for p in pts) for k, pts in metrics.items() if pts}
 
-    exists, steps = get_loop().call(read)
+    exists, steps = runtime().loop.call(read)
     if exists and resume == "never":
         raise TrackerConfigError(
             f"run {run_id!r} already exists in the store (resume='never'); "

@@ -19,10 +19,10 @@ import math
 import random
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import anyio
 
@@ -34,8 +34,9 @@ from async_tracker.pipeline.cutter import Cutter
 from async_tracker.pipeline.lane import Lane, describe
 from async_tracker.records import Batch
 from async_tracker.report import FlushReport, TrackerStatus
-from async_tracker.settings import SPOOL_GRACE_S, RunOptions
-from async_tracker.spool.io import SpoolIO, thread_io
+from async_tracker.runtime.process import runtime
+from async_tracker.settings import PACKED_PAUSE_S, SPOOL_GRACE_S, RunOptions
+from async_tracker.spool.io import SpoolIO
 from async_tracker.spool.store import Spool, default_spool_dir, new_token
 from async_tracker.tensors import DeferredValue, settle
 
@@ -44,8 +45,7 @@ logger = logging.getLogger(__name__)
 # What AppRun's hot path writes to: the deque, the block policy's waiting write, the packed
 # ingress of an overloaded run.
 HotPath = Literal["plain", "block", "packed"]
-# How long a flush of an overloaded run lets its lanes spill before taking the next share.
-PACKED_PAUSE_S = 0.005
+# How many pauses without progress a flush of an overloaded run waits for its lanes to spill.
 PACKED_STALL_ROUNDS = 40
 
 
@@ -66,7 +66,7 @@ class RunPipeline:
         owns_backends: bool = False,
         set_hot: Callable[[HotPath], None] | None = None,
         clock: Clock | None = None,
-        io: SpoolIO = thread_io,
+        io: SpoolIO | None = None,
         token: str | None = None,
         rng: random.Random | None = None,
         last_steps: Mapping[str, int] | None = None,
@@ -80,6 +80,9 @@ class RunPipeline:
         self.cutter = Cutter(self.token)
         self.cutter.last_step.update(last_steps or {})  # a resumed run goes on from its steps
         spool_dir = Path(options.spool_dir) if options.spool_dir else default_spool_dir()
+        # Spool files are read and written on the process's spool thread (the simulator's
+        # runs pass their own, inline).
+        io = io if io is not None else runtime().spool_io
         # Retry jitter needs no generator of its own per lane (2.5 KB each: an orchestrator
         # may hold thousands of runs): the lanes of a run share one, and runs without a
         # seeded one (the simulator's) share the process's.
@@ -134,6 +137,16 @@ class RunPipeline:
         # maps to its floor: the time before which it must not end (the last step's bound).
         self._deadline = math.inf
         self._deadline_scopes: dict[anyio.CancelScope, float] = {}
+
+    # -- what the process's flusher drives (async_tracker.runtime.flusher.Ticked) ----------------
+    def tasks(self) -> list[tuple[str, Callable[[], Coroutine[Any, Any, None]]]]:
+        """The lanes' tasks, which the flusher runs on the loop until the lanes stop."""
+        return [(f"async-tracker lane {lane.name}", lane.run) for lane in self.lanes]
+
+    def draining(self) -> bool:
+        """Whether the packed ingress of an overload holds records: the flusher then looks
+        again soon, so that taking them a share at a time keeps pace with the writers."""
+        return len(self.packed) > 0
 
     # -- cutting --------------------------------------------------------------------------------
     def tick(self) -> None:

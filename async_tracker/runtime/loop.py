@@ -26,7 +26,6 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import math
-import os
 import sys
 import threading
 from collections.abc import Awaitable, Callable
@@ -35,7 +34,7 @@ from typing import Any, TypeVar
 import anyio
 from anyio.streams.memory import MemoryObjectSendStream
 
-from async_tracker.signals import start_thread
+from async_tracker.runtime.signals import start_thread
 
 T = TypeVar("T")
 
@@ -283,31 +282,3 @@ def _settle(setter: Callable[[Any], None], value: Any) -> None:
         setter(value)
     except concurrent.futures.InvalidStateError:  # cancelled by the waiter meanwhile
         pass
-
-
-_lock = threading.Lock()
-_loop: TrackerLoop | None = None
-_loop_pid = os.getpid()
-
-
-def get_loop() -> TrackerLoop:
-    """The process's tracker loop, started on first use (again in a forked child)."""
-    global _loop, _loop_pid
-    loop = _loop
-    if loop is not None and _loop_pid == os.getpid():
-        return loop
-    with _lock:
-        if _loop is None or _loop_pid != os.getpid():
-            _loop = TrackerLoop()
-            _loop_pid = os.getpid()
-        return _loop
-
-
-def _after_fork_in_child() -> None:
-    global _loop, _lock
-    # The parent's loop thread does not exist here; a lock it held would stay held forever.
-    _loop = None
-    _lock = threading.Lock()
-
-
-os.register_at_fork(after_in_child=_after_fork_in_child)
