@@ -1,7 +1,7 @@
 """Thin adapters between the blocking and the async backend interfaces.
 
 * :func:`as_async` runs a blocking ``TrackerBase`` in the process's worker threads
-  (:mod:`async_tracker.threads`), so that it never blocks the tracker loop. Any object with
+  (:mod:`async_tracker.runtime.threads`), so that it never blocks the tracker loop. Any object with
   ``TrackerBase``'s eight methods counts as one: torchx's own tracker plug-ins (subclasses of
   ``torchx.tracker.api.TrackerBase``) and duck-typed classes, seen through a
   :class:`ForeignTracker`.
@@ -18,7 +18,6 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from typing import Any, Protocol, TypeVar
 
 from async_tracker.base import AsyncTrackerBase, CloseReason, TrackerBase, backend_name
-from async_tracker.loop import get_loop
 from async_tracker.records import (
     Lineage,
     TrackerArtifact,
@@ -29,7 +28,7 @@ from async_tracker.records import (
     check_name,
     check_source,
 )
-from async_tracker.threads import run_blocking
+from async_tracker.runtime.process import run_blocking, runtime
 
 T = TypeVar("T")
 
@@ -121,7 +120,7 @@ class SyncTracker(TrackerBase):
         return backend_name(self.async_tracker)
 
     def _call(self, fn: Callable[..., Awaitable[T]], *args: Any) -> T:
-        return get_loop().call(fn, *args)
+        return runtime().loop.call(fn, *args)
 
     def add_artifact(
         self, run_id: str, name: str, path: str, metadata: Mapping[str, object] | None = None

@@ -96,9 +96,12 @@ class AsyncTrackerBase(ABC):
     * ``aclose(reason)``: release the backend (called for the backends a run built itself).
 
     ``name`` names the backend in reports, ``status()`` and spool keys (default: class name).
+    ``store_url``: where the backend stores runs as a URL that ``async-tracker sync --to``
+    takes (the fsspec backend's root), or None: the exit summary names it in its command.
     """
 
     name: str | None = None
+    store_url: str | None = None
 
     @abstractmethod
     async def add_artifact(

@@ -33,6 +33,11 @@ class Clock:
         with anyio.CancelScope(deadline=when, shield=shield) as scope:
             yield scope
 
+    def move(self, scope: anyio.CancelScope, when: float) -> None:
+        """Moves the deadline of a scope that :meth:`deadline` made to ``when`` (on the loop;
+        a SIGTERM shortens a close under way this way)."""
+        scope.deadline = when
+
     def move_on_after(
         self, seconds: float, shield: bool = False
     ) -> AbstractContextManager[anyio.CancelScope]:

@@ -33,9 +33,9 @@ from async_tracker.backend.errors import chain
 from async_tracker.backend.fsspec import AsyncFsspecTracker
 from async_tracker.errors import BackendError, TrackerConfigError
 from async_tracker.factory import AnyTracker, build_tracker
-from async_tracker.loop import get_loop
 from async_tracker.records import check_name
 from async_tracker.run import AppRun
+from async_tracker.runtime.process import runtime
 from async_tracker.settings import CLOSE_SLACK_S, RunOptions, init_timeout
 from async_tracker.spool import check_run_id, default_spool_dir, has_spool, spooled_last_steps
 
@@ -214,7 +214,7 @@ def _start(
             return await _ask(store, run_id, new_id, resume, spooled, claim)
         return None
 
-    future = get_loop().submit(ask)
+    future = runtime().loop.submit(ask)
     answer: _Answer | None = None
     why = f"no answer within {bound:g} s"
     try:

@@ -30,7 +30,6 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, SupportsFloat, SupportsIndex, TypeVar
 
-from async_tracker import shutdown
 from async_tracker.adapters import TrackerLike, as_async
 from async_tracker.base import (
     AsyncTrackerBase,
@@ -57,8 +56,6 @@ from async_tracker.ingress import (
     Sink,
     wait_for_writers,
 )
-from async_tracker.loop import get_loop, wait_future
-from async_tracker.pipeline.flusher import get_flusher
 from async_tracker.pipeline.lane import Lane
 from async_tracker.pipeline.run_pipeline import HotPath, RunPipeline
 from async_tracker.records import (
@@ -74,6 +71,8 @@ from async_tracker.records import (
 )
 from async_tracker.report import BackendStatus, FlushReport, TrackerStatus
 from async_tracker.retry import RetryPolicy
+from async_tracker.runtime.loop import wait_future
+from async_tracker.runtime.process import close_reason, runtime
 from async_tracker.settings import CLOSE_SLACK_S, OverflowPolicy, RunOptions
 from async_tracker.spool import check_run_id, default_spool_dir, has_spool
 from async_tracker.system_metrics import SystemMetrics
@@ -262,6 +261,9 @@ class AppRun:
         # a close() after a cancelled aclose()) waits for it instead of closing again.
         self._close_future: concurrent.futures.Future[FlushReport] | None = None
         self.closed = False
+        # Popped by the first close report that leaves records behind (list.pop is atomic,
+        # also against a SIGTERM handler's close on top of this thread's): said once.
+        self._summary_due: list[None] = [None]
         # Where writes go now (see ingress.Sink): the hot path calls self._sink.append (or
         # extend, for log_metrics: all points of one call in one C call, so that a
         # KeyboardInterrupt cannot keep some of them and lose the rest). Until the first
@@ -276,14 +278,15 @@ class AppRun:
             if self.options.system_metrics and self._async_backends and not _read_only
             else None
         )
-        shutdown.register(self)
+        process = runtime()
+        process.register(self)
         if self._async_backends:
-            shutdown.install_sigterm_handler()
+            process.install_sigterm_handler()
             # Start the tracker loop now (importing anyio's backend takes tens of ms), so
             # that the first write costs what every other write costs.
-            get_flusher()
+            process.flusher()
             if self._system is not None:
-                self._system.start(get_loop().submit)
+                self._system.start(process.loop.submit)
             if not _read_only and has_spool(
                 self.options.spool_dir or default_spool_dir(), self.id
             ):
@@ -302,7 +305,7 @@ class AppRun:
         ``ASYNC_TRACKER_<OPTION>`` variables.
         """
         global _env_run, _env_run_pid
-        with _env_lock:
+        with _env_lock():
             if _env_run is None or _env_run_pid != os.getpid():
                 _env_run = _build_run_from_env()
                 _env_run_pid = os.getpid()
@@ -326,7 +329,7 @@ class AppRun:
                 AppRun.reset_from_env(timeout=5.0)
         """
         global _env_run
-        with _env_lock:
+        with _env_lock():
             run, _env_run = _env_run, None
         # Closed outside the lock: a close may take its whole timeout, and another thread's
         # run_from_env() meanwhile gets a new run, not this closing one.
@@ -454,7 +457,8 @@ class AppRun:
             if self._pipeline is None:
                 if self.closed:
                     raise TrackerClosedError(f"run {self.id!r} is closed")
-                flusher = get_flusher()
+                process = runtime()
+                flusher = process.flusher()
                 self._pipeline = RunPipeline(
                     self.id,
                     self._ingress,
@@ -463,6 +467,7 @@ class AppRun:
                     owns_backends=self._owns_backends,
                     set_hot=self._set_hot,
                     last_steps=self._last_steps,
+                    io=process.spool_io,
                 )
                 # Registration runs on the loop (the lanes become its tasks); we do not wait
                 # for it: records appended meanwhile simply wait in the buffer.
@@ -470,7 +475,7 @@ class AppRun:
                 self._sink = self._ingress.sink
                 # Held until closed: a run dropped without close() still has records to
                 # deliver, and the exit hook must find it.
-                shutdown.hold(self)
+                process.hold(self)
             return self._pipeline
 
     def _set_hot(self, mode: HotPath) -> None:
@@ -494,7 +499,7 @@ class AppRun:
         self, fn: Callable[..., Awaitable[T]], *args: Any, timeout: float | None = None
     ) -> T:
         wait = None if timeout is None else timeout + CLOSE_SLACK_S
-        return get_loop().call(fn, *args, timeout=wait)
+        return runtime().loop.call(fn, *args, timeout=wait)
 
     def flush(self, timeout: float | None = None) -> FlushReport:
         """Delivers everything written so far, waiting at most ``timeout`` seconds (None:
@@ -520,18 +525,23 @@ class AppRun:
         if self.closed:
             raise TrackerClosedError(f"run {self.id!r} is closed; flush() needs an open run")
 
-    def _start_close(
-        self, timeout: float, reason: CloseReason
+    def begin_close(
+        self, deadline: float, reason: CloseReason
     ) -> Callable[[float], FlushReport]:
-        """Begins closing and returns a function that waits for the report. Split so that
-        the exit hook can close every run at once."""
+        """Begins closing the run by ``deadline`` (``time.monotonic()`` seconds), or moves
+        the deadline of the close under way earlier (never later); returns a function that
+        waits for the report until a given ``time.monotonic()`` deadline (plus a slack), and
+        answers with the state then if the close is not over. Split so that the process's
+        exit and SIGTERM can close every run at once; ``reason`` counts only for the first
+        close."""
         if self._system is not None:
             self._system.stop()
         with self._start_lock:
             self.closed = True
             self._sink = _Closed(self.id)
             pipeline = self._pipeline
-        if pipeline is not None:
+        timeout = max(0.0, deadline - time.monotonic())
+        if pipeline is not None and self._close_future is None:
             # Writers blocked by the block policy give up now; then wait until no thread is
             # inside a write (one may have fetched the old append just before the swap), so
             # that the final drain sees every write that returned normally.
@@ -540,32 +550,58 @@ class AppRun:
             # most a second; within close()'s slack even for close(timeout=0).
             if not wait_for_writers(_WRITE_CODES, min(max(timeout, 0.1), 1.0)):
                 logger.warning("async_tracker: run %r: a writer is stuck in a write", self.id)
-        shutdown.release(self)
+        runtime().release(self)
         pipeline = self._pipeline
         if self._close_report is not None or pipeline is None:
             report = self._close_report or self._idle_report()
             self._close_report = report
             return lambda _: report
+        loop = runtime().loop
         with self._start_lock:
-            if self._close_future is None:
-                self._close_future = get_loop().submit(pipeline.close, timeout, reason)
             future = self._close_future
-        if get_loop().in_loop_thread():
+            if future is None:
+                timeout = max(0.0, deadline - time.monotonic())
+                future = self._close_future = loop.submit(pipeline.close, timeout, reason)
+            else:
+                # A close under way (another thread's, the exit hook's, the one this signal
+                # interrupted): it ends by the earlier deadline. Handed to the loop, which
+                # owns the pipeline; a plain callback, so a loop busy in a task still takes it.
+                loop.call_soon(pipeline.shorten, deadline)
+        if loop.in_loop_thread():
             # Called on the tracker loop itself (from a backend's code): waiting here would
             # wait for ourselves. The close goes on; this answers with the state now, and a
             # later close() returns the final report.
             return lambda _: FlushReport.from_status(self.status(), timed_out=True)
 
-        def wait(remaining: float) -> FlushReport:
+        def wait(until: float) -> FlushReport:
+            if self._close_report is not None:
+                return self._close_report
             try:
-                report = future.result(remaining + CLOSE_SLACK_S)
+                report = future.result(max(0.0, until - time.monotonic()) + CLOSE_SLACK_S)
             except concurrent.futures.TimeoutError:
                 # The loop itself is stuck (an async backend blocking it): answer anyway.
                 report = FlushReport.from_status(self.status(), timed_out=True)
-            self._close_report = report
-            return report
+            return self._closed_with(report)
 
         return wait
+
+    def _closed_with(self, report: FlushReport) -> FlushReport:
+        """Keeps the close's report, and says once, on stderr (the logger), what it left
+        undelivered and the command that delivers it: at close(), at a ``with`` block's
+        end, at exit and on SIGTERM alike."""
+        self._close_report = report
+        if report.spooled or report.pending or report.dropped:
+            try:
+                self._summary_due.pop()
+            except IndexError:
+                return report  # said already
+            stores = {
+                name: backend.store_url
+                for name, backend in zip(self._names, self._async_backends)
+                if backend.store_url
+            }
+            logger.warning("%s", report.summary(self.id, stores))
+        return report
 
     def close(
         self, timeout: float | None = None, reason: CloseReason | None = None
@@ -581,7 +617,8 @@ class AppRun:
         if self._close_report is not None:
             return self._close_report
         limit = self.options.close_timeout if timeout is None else timeout
-        report = self._start_close(limit, shutdown.close_reason(reason))(limit)
+        deadline = runtime().close_deadline(limit)
+        report = self.begin_close(deadline, close_reason(reason))(deadline)
         self._check_strict(report)
         return report
 
@@ -592,10 +629,11 @@ class AppRun:
         if self._close_report is not None:
             return self._close_report
         limit = self.options.close_timeout if timeout is None else timeout
-        wait = self._start_close(limit, shutdown.close_reason(reason))
+        deadline = runtime().close_deadline(limit)
+        wait = self.begin_close(deadline, close_reason(reason))
         future = self._close_future
         if future is None:  # nothing was started: wait() answers at once
-            report = wait(limit)
+            report = wait(deadline)
         elif self._close_report is not None:  # another closer has its answer already
             report = self._close_report
         else:
@@ -603,11 +641,12 @@ class AppRun:
             # nest_asyncio process from exiting), bounded as close() is. Cancelling the caller
             # abandons the wait, not the close: a later close() waits for the same future.
             try:
-                report = await wait_future(future, timeout=limit + CLOSE_SLACK_S, cancel=False)
+                wait_s = max(0.0, deadline - time.monotonic()) + CLOSE_SLACK_S
+                report = await wait_future(future, timeout=wait_s, cancel=False)
             except concurrent.futures.TimeoutError:
                 # The loop itself is stuck (an async backend blocking it): answer anyway.
                 report = FlushReport.from_status(self.status(), timed_out=True)
-            self._close_report = report
+            report = self._closed_with(report)
         self._check_strict(report)
         return report
 
@@ -665,12 +704,14 @@ class AppRun:
             if exc is None:
                 raise
 
-    def _reset_after_fork(self) -> None:
+    def forget_after_fork(self) -> None:
         """In a forked child: forget the parent's records and flusher; start anew on the
-        next write. Called by :mod:`async_tracker.shutdown`; no other thread exists yet."""
+        next write. Called by the child's runtime at the fork (no other thread exists yet):
+        a write must never find the parent's records."""
         self._ingress.clear()
         self._pipeline = None
         self._close_future = None
+        self._summary_due = [None]
         self._system = None  # the parent samples; its task is not ours to stop
         self._start_lock = threading.RLock()
         if not self.closed and self._async_backends:
@@ -805,7 +846,7 @@ async def _run_ids_of_parent(backend: AsyncTrackerBase, parent: str) -> list[str
 
 async def _await_on_tracker_loop(fn: Callable[..., Awaitable[T]], *args: Any) -> T:
     """Awaits ``fn(*args)`` run on the tracker loop, from whatever loop the caller is on."""
-    loop = get_loop()
+    loop = runtime().loop
     if loop.in_loop_thread():
         return await fn(*args)
     # Starts nothing on the caller's loop (asyncio, uvloop, nest_asyncio, trio); cancelling
@@ -822,19 +863,16 @@ def _unique_names(names: list[str]) -> list[str]:
     return out
 
 
-_env_lock = threading.Lock()
+# run_from_env()'s lock, one per process: another thread of the parent may have held the
+# parent's (building the run's backends) at a fork, and the child's copy would stay locked
+# forever. dict.setdefault is atomic under the GIL: the threads of a process share one.
+_env_locks: dict[int, threading.Lock] = {}
 _env_run: AppRun | None = None
 _env_run_pid = 0
 
 
-def _after_fork_in_child() -> None:
-    global _env_lock
-    # Another thread of the parent may have held it (building the run's backends) at the
-    # fork: the child's copy would stay locked, and run_from_env() wait for it forever.
-    _env_lock = threading.Lock()
-
-
-os.register_at_fork(after_in_child=_after_fork_in_child)
+def _env_lock() -> threading.Lock:
+    return _env_locks.setdefault(os.getpid(), threading.Lock())
 
 
 def _build_run_from_env() -> AppRun:

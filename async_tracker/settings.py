@@ -26,16 +26,20 @@ DEFAULT_CLOSE_TIMEOUT_S = 10.0
 # be an event-loop call); it finds a full batch within this time instead. Each wake costs
 # the caller a little GIL time, idle or not: 20 per second is a fair trade.
 DEFAULT_WAKE_INTERVAL_S = 0.05
+# While a run is overloaded, how long the flusher (and a flush) let its lanes spill before
+# taking the next share of its packed ingress.
+PACKED_PAUSE_S = 0.005
 # What close() may take beyond its timeout: reading counters and building the report.
 CLOSE_SLACK_S = 0.5
 # What close() may add to its deadline to write undelivered records to the spool.
 SPOOL_GRACE_S = 0.25
 # How long SIGTERM waits for a flush before the previous handler runs.
 DEFAULT_SIGTERM_GRACE_S = 5.0
-# Worker threads for blocking calls (async_tracker/threads.py), shared by the process: at most
-# ASYNC_TRACKER_THREADS in all, and ASYNC_TRACKER_THREADS_PER_ENDPOINT calls of one endpoint (a
-# filesystem root, a tracking server) at once, so that one dead server holds at most that many.
-# Past the cap, calls wait for a thread in call order. An idle thread ends after THREAD_IDLE_S.
+# Worker threads for blocking calls (async_tracker/runtime/threads.py), shared by the process:
+# at most ASYNC_TRACKER_THREADS in all, and ASYNC_TRACKER_THREADS_PER_ENDPOINT calls of one
+# endpoint (a filesystem root, a tracking server) at once, so that one dead server holds at
+# most that many. Past the cap, calls wait for a thread in call order. An idle thread ends
+# after THREAD_IDLE_S.
 DEFAULT_THREAD_LIMIT = 16
 DEFAULT_THREADS_PER_ENDPOINT = 4
 THREAD_IDLE_S = 10.0

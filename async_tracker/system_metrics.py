@@ -2,7 +2,7 @@
 
 ``AppRun(..., system_metrics=10.0)`` (or ``ASYNC_TRACKER_SYSTEM_METRICS=10``) samples every 10
 seconds. The readings are blocking calls (psutil reads ``/proc``, NVML asks the driver), so
-they run in a worker thread (:func:`~async_tracker.threads.run_blocking`) between sleeps on
+they run in a worker thread (:func:`~async_tracker.runtime.process.run_blocking`) between sleeps on
 the tracker loop: neither the training loop nor the flusher waits for them. Each sample is
 one ``log_metrics`` call; steps count samples.
 
@@ -35,12 +35,12 @@ from typing import Any
 
 from async_tracker.clock import Clock
 from async_tracker.errors import TrackerClosedError
-from async_tracker.threads import run_blocking
+from async_tracker.runtime.process import run_blocking
 
 logger = logging.getLogger(__name__)
 
 GB = 1e9
-# What the readings talk to, for the worker threads' limits (async_tracker.threads).
+# What the readings talk to, for the worker threads' limits (async_tracker.runtime.threads).
 ENDPOINT = "system metrics (psutil, NVML)"
 
 

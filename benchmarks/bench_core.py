@@ -40,8 +40,8 @@ from typing import Any
 
 from async_tracker import AppRun, AsyncTrackerBase, TrackerBase
 from async_tracker.backend.memory import InMemoryTracker
-from async_tracker.loop import get_loop
 from async_tracker.records import Lineage, TrackerArtifact, TrackerSource
+from async_tracker.runtime.process import runtime
 from async_tracker.settings import RunOptions
 
 perf_ns = time.perf_counter_ns
@@ -328,7 +328,7 @@ def tracker_loop_paused() -> Iterator[None]:
     """Blocks the process's tracker loop (benchmark only): the flusher neither wakes nor
     delivers meanwhile, as if no tracker ran. Records wait in their buffers."""
     release, held = threading.Event(), threading.Event()
-    get_loop().submit(_hold, release, held)
+    runtime().loop.submit(_hold, release, held)
     held.wait()
     try:
         yield

@@ -35,7 +35,7 @@ import fsspec
 
 from async_tracker import AppRun
 from async_tracker.backend.fsspec import FsspecTracker
-from async_tracker.threads import thread_pool
+from async_tracker.runtime.process import runtime
 
 PAGE = os.sysconf("SC_PAGE_SIZE")
 
@@ -133,7 +133,7 @@ def measure(runs: int, points: int, use_tracemalloc: bool, root: str | None = No
             traced = tracemalloc.get_traced_memory()[1] / 2**20
             tracemalloc.stop()
         stored = read_back(fs, root, runs)
-        pool = thread_pool()
+        pool = runtime().pool
         mb = 2**20
         return Result(
             runs=runs,

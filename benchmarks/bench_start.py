@@ -45,7 +45,7 @@ import async_tracker
 from async_tracker import AppRun
 from async_tracker.backend.fsspec import CLAIM_FILE, encode_run_id
 from async_tracker.init_run import open_store
-from async_tracker.loop import get_loop
+from async_tracker.runtime.process import runtime
 from tests.tcp_proxy import Mode, TcpProxy
 
 DOWN_MODES: tuple[Mode, ...] = ("refuse", "reset", "silent")
@@ -111,7 +111,7 @@ def old_check(url: str, cut_s: float) -> tuple[float, str]:
     cut at ``cut_s``, and how it ended."""
     store = open_store(url)
     start = time.perf_counter()
-    future = get_loop().submit(store.run_ids)
+    future = runtime().loop.submit(store.run_ids)
     try:
         future.result(cut_s)
         outcome = "answered"

@@ -91,7 +91,6 @@ from async_tracker.errors import (
     TrackerConfigError,
     TransientBackendError,
 )
-from async_tracker.loop import wait_future
 from async_tracker.records import (
     Batch,
     Lineage,
@@ -101,7 +100,8 @@ from async_tracker.records import (
     TrackerSource,
     sort_points,
 )
-from async_tracker.threads import run_blocking
+from async_tracker.runtime.loop import wait_future
+from async_tracker.runtime.process import run_blocking
 
 if sys.version_info < (3, 11):  # pragma: no cover - 3.10
     from exceptiongroup import BaseExceptionGroup
@@ -171,30 +171,40 @@ def decode_run_id(name: str) -> str | None:
 
 
 class _Names:
-    """Unique, time-ordered object names for this process (a new token after a fork)."""
+    """Unique, time-ordered object names for this process: its token is new in a forked child
+    (a pid check; with its own counter and lock, never one the parent's threads held)."""
+
+    class _State:
+        def __init__(self) -> None:
+            self.token = f"{secrets.token_hex(4)}{os.getpid():x}"
+            self.count = 0
+            self.last_ns = 0
+            self.lock = threading.Lock()
 
     def __init__(self) -> None:
-        self._reset()
-        os.register_at_fork(after_in_child=self._reset)
+        self._by_pid: dict[int, _Names._State] = {}
 
-    def _reset(self) -> None:
-        self._token = f"{secrets.token_hex(4)}{os.getpid():x}"
-        self._count = 0
-        self._last_ns = 0
-        self._lock = threading.Lock()
+    def _state(self) -> _Names._State:
+        pid = os.getpid()
+        state = self._by_pid.get(pid)
+        if state is None:
+            # setdefault is atomic under the GIL: racing threads of a new process share one.
+            state = self._by_pid.setdefault(pid, _Names._State())
+        return state
 
     @property
     def token(self) -> str:
         """This process's token: unique across processes and hosts."""
-        return self._token
+        return self._state().token
 
     def new(self, suffix: str = "") -> str:
-        with self._lock:
+        state = self._state()
+        with state.lock:
             # Never go back in time within a process, even if the wall clock does.
-            now = max(time.time_ns(), self._last_ns + 1)
-            self._last_ns = now
-            self._count += 1
-            return f"{now}-{self._token}-{self._count:06d}{suffix}"
+            now = max(time.time_ns(), state.last_ns + 1)
+            state.last_ns = now
+            state.count += 1
+            return f"{now}-{state.token}-{state.count:06d}{suffix}"
 
 
 _names = _Names()
@@ -562,7 +572,11 @@ class AsyncFsspecTracker(AsyncTrackerBase):
     def __init__(self, fs: fsspec.AbstractFileSystem, root_dir: str) -> None:
         self.fs = fs
         self.root_dir = fs._strip_protocol(root_dir).rstrip("/") or "/"
-        self._storage = _Storage(fs, fs.unstrip_protocol(self.root_dir))
+        # The store as a URL (file:///data/runs, s3://bucket/runs): what
+        # `async-tracker sync --to` takes to deliver spooled records here.
+        url = fs.unstrip_protocol(self.root_dir)
+        self.store_url: str | None = url
+        self._storage = _Storage(fs, url)
 
     def _run_dir(self, run_id: str) -> str:
         return posixpath.join(self.root_dir, encode_run_id(run_id))

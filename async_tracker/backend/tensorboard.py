@@ -72,7 +72,7 @@ from async_tracker.records import (
     TrackerSource,
     sort_points,
 )
-from async_tracker.threads import run_blocking
+from async_tracker.runtime.process import run_blocking
 
 try:
     import numpy as np  # a dependency of tensorboard
@@ -280,7 +280,7 @@ class AsyncTensorBoardTracker(AsyncTrackerBase):
             run.log_metric("loss", 0.5, step=1)
         # tensorboard --logdir /data/tb
 
-    Blocking file I/O runs in worker threads (:func:`~async_tracker.threads.run_blocking`,
+    Blocking file I/O runs in worker threads (:func:`~async_tracker.runtime.process.run_blocking`,
     the folder as its endpoint).
     """
 

@@ -15,7 +15,7 @@ from async_tracker.base import TrackerBase
 from async_tracker.config import TrackerSpec, configured_trackers, resolve_tracker
 from async_tracker.errors import BackendError
 from async_tracker.init_run import open_store, store_dir
-from async_tracker.loop import get_loop
+from async_tracker.runtime.process import runtime
 
 # Exit codes: 2 is a usage problem (argparse's own code too), 1 a store that failed us.
 EXIT_USAGE = 2
@@ -113,7 +113,10 @@ def run_status(tracker: TrackerBase, run_id: str) -> tuple[str, float | None] | 
     read: Callable[[str], Any] | None = getattr(inner, "run_status", None)
     if not callable(read):
         return None
-    result = get_loop().call(read, run_id) if inspect.iscoroutinefunction(read) else read(run_id)
+    if inspect.iscoroutinefunction(read):
+        result = runtime().loop.call(read, run_id)
+    else:
+        result = read(run_id)
     if isinstance(result, tuple):
         return result[0], result[1]
     return ("running" if result is None else str(result)), None  # TensorBoard's: a str

@@ -22,8 +22,8 @@ from async_tracker.cli.common import (
     tracker_and_label,
 )
 from async_tracker.cli.query import read_metrics
-from async_tracker.loop import get_loop
 from async_tracker.records import Batch
+from async_tracker.runtime.process import runtime
 
 
 def _tensorboard_backend() -> Any:
@@ -55,7 +55,7 @@ def cmd_export_tensorboard(args: argparse.Namespace) -> int:
         run_ids = resolve_runs(tracker, args.RUN_ID)
         runs = [(r, read_batch(tracker, r), run_status(tracker, r)) for r in run_ids]
     writer = tensorboard.AsyncTensorBoardTracker(out)
-    loop = get_loop()
+    loop = runtime().loop
     exported = []
     for run_id, batch, ended in runs:
         loop.call(writer.write_batch, run_id, batch)

@@ -4,5 +4,7 @@
 * :mod:`~async_tracker.pipeline.run_pipeline`: one run: cuts, the memory bound, flush, close.
 * :mod:`~async_tracker.pipeline.lane`: one backend of one run: an ordered log in memory and
   on disk, delivered oldest first with retries, acks and supervision.
-* :mod:`~async_tracker.pipeline.flusher`: the process-wide ticker that drives every run.
+
+The process-wide ticker that drives every run is the runtime's
+(:mod:`async_tracker.runtime.flusher`).
 """

@@ -19,9 +19,10 @@ import math
 import random
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import anyio
 
@@ -33,8 +34,9 @@ from async_tracker.pipeline.cutter import Cutter
 from async_tracker.pipeline.lane import Lane, describe
 from async_tracker.records import Batch
 from async_tracker.report import FlushReport, TrackerStatus
-from async_tracker.settings import SPOOL_GRACE_S, RunOptions
-from async_tracker.spool.io import SpoolIO, thread_io
+from async_tracker.runtime.process import runtime
+from async_tracker.settings import PACKED_PAUSE_S, SPOOL_GRACE_S, RunOptions
+from async_tracker.spool.io import SpoolIO
 from async_tracker.spool.store import Spool, default_spool_dir, new_token
 from async_tracker.tensors import DeferredValue, settle
 
@@ -43,8 +45,7 @@ logger = logging.getLogger(__name__)
 # What AppRun's hot path writes to: the deque, the block policy's waiting write, the packed
 # ingress of an overloaded run.
 HotPath = Literal["plain", "block", "packed"]
-# How long a flush of an overloaded run lets its lanes spill before taking the next share.
-PACKED_PAUSE_S = 0.005
+# How many pauses without progress a flush of an overloaded run waits for its lanes to spill.
 PACKED_STALL_ROUNDS = 40
 
 
@@ -65,7 +66,7 @@ class RunPipeline:
         owns_backends: bool = False,
         set_hot: Callable[[HotPath], None] | None = None,
         clock: Clock | None = None,
-        io: SpoolIO = thread_io,
+        io: SpoolIO | None = None,
         token: str | None = None,
         rng: random.Random | None = None,
         last_steps: Mapping[str, int] | None = None,
@@ -79,6 +80,9 @@ class RunPipeline:
         self.cutter = Cutter(self.token)
         self.cutter.last_step.update(last_steps or {})  # a resumed run goes on from its steps
         spool_dir = Path(options.spool_dir) if options.spool_dir else default_spool_dir()
+        # Spool files are read and written on the process's spool thread (the simulator's
+        # runs pass their own, inline).
+        io = io if io is not None else runtime().spool_io
         # Retry jitter needs no generator of its own per lane (2.5 KB each: an orchestrator
         # may hold thousands of runs): the lanes of a run share one, and runs without a
         # seeded one (the simulator's) share the process's.
@@ -127,6 +131,22 @@ class RunPipeline:
         # The scopes of the flushes (and reads) waiting for lanes: close() ends them once it
         # has stopped the lanes, or they would wait forever for progress that cannot come.
         self._waiting: set[anyio.CancelScope] = set()
+        # close()'s deadline, from the moment one is known (infinite until then). It only
+        # ever moves earlier: shorten() (a SIGTERM) may set it before close() starts, or
+        # while it runs; then the scopes of the close under way move with it. Each scope
+        # maps to its floor: the time before which it must not end (the last step's bound).
+        self._deadline = math.inf
+        self._deadline_scopes: dict[anyio.CancelScope, float] = {}
+
+    # -- what the process's flusher drives (async_tracker.runtime.flusher.Ticked) ----------------
+    def tasks(self) -> list[tuple[str, Callable[[], Coroutine[Any, Any, None]]]]:
+        """The lanes' tasks, which the flusher runs on the loop until the lanes stop."""
+        return [(f"async-tracker lane {lane.name}", lane.run) for lane in self.lanes]
+
+    def draining(self) -> bool:
+        """Whether the packed ingress of an overload holds records: the flusher then looks
+        again soon, so that taking them a share at a time keeps pace with the writers."""
+        return len(self.packed) > 0
 
     # -- cutting --------------------------------------------------------------------------------
     def tick(self) -> None:
@@ -363,26 +383,53 @@ class RunPipeline:
         self._room.set()
 
     async def close(self, timeout: float, reason: CloseReason = "finished") -> FlushReport:
-        """Delivers what it can until ``timeout``, then stops the lanes whatever they do and
-        spools what they still hold in memory; then tells every backend the run ended with
-        ``reason``. The ingress was sealed by the caller."""
-        deadline = self.clock.now() + timeout
+        """Delivers what it can until ``timeout`` (or the earlier deadline :meth:`shorten`
+        set), then stops the lanes whatever they do and spools what they still hold in
+        memory; then tells every backend the run ended with ``reason``. The ingress was
+        sealed by the caller."""
+        self._deadline = min(self._deadline, self.clock.now() + timeout)
         self.seal()
         try:
-            return await self._close(deadline, reason)
+            return await self._close(reason)
         finally:
             for scope in list(self._waiting):
                 scope.cancel()
 
-    async def _close(self, deadline: float, reason: CloseReason) -> FlushReport:
-        with self.clock.deadline(deadline):
+    def shorten(self, deadline: float) -> None:
+        """Moves close()'s deadline, under way or to come, to ``deadline`` if that is
+        earlier (a SIGTERM's grace). On the loop: another thread hands it over with the
+        loop's ``call_soon``. What the lanes have not delivered by then is spooled."""
+        if deadline >= self._deadline:
+            return
+        self._deadline = deadline
+        for scope, floor in list(self._deadline_scopes.items()):
+            self.clock.move(scope, max(floor, deadline))
+        for lane in self.lanes:
+            if lane.deadline is not None:  # retrying to the old deadline: stop sooner
+                lane.begin_close(deadline)
+
+    @contextmanager
+    def _until_deadline(
+        self, floor: float = -math.inf, shield: bool = False
+    ) -> Iterator[anyio.CancelScope]:
+        """A scope that ends at close()'s deadline, wherever :meth:`shorten` moves it, but
+        not before ``floor``."""
+        with self.clock.deadline(max(floor, self._deadline), shield) as scope:
+            self._deadline_scopes[scope] = floor
+            try:
+                yield scope
+            finally:
+                del self._deadline_scopes[scope]
+
+    async def _close(self, reason: CloseReason) -> FlushReport:
+        with self._until_deadline():
             await self._cut_all()
         # Device values not computed by now are dropped (counted), not waited for.
         self._give_up = "its device had not computed the value by close's deadline"
         self.cut(everything=True)  # what the deadline left packed: to the lanes, then disk
         for lane in self.lanes:
-            lane.begin_close(deadline)
-        with self.clock.deadline(deadline) as scope:
+            lane.begin_close(self._deadline)
+        with self._until_deadline() as scope:
             for lane in self.lanes:
                 while not lane.drained() and lane.failure is None:
                     await lane.wait_progress()
@@ -390,7 +437,7 @@ class RunPipeline:
             lane.stop()
         # Shielded and bounded: the records must reach the disk even if this close() is
         # itself cancelled, but a stuck disk must not hold the caller past its deadline.
-        grace = max(self.clock.now(), deadline) + SPOOL_GRACE_S
+        grace = max(self.clock.now(), self._deadline) + SPOOL_GRACE_S
         with self.clock.deadline(grace, shield=True):
             for lane in self.lanes:
                 await lane.spool_leftovers()
@@ -404,8 +451,7 @@ class RunPipeline:
         # Shielded: a backend left half-closed (an MLflow run left RUNNING) is worse than
         # waiting out the rest of our deadline. Every backend hears that the run ended (also
         # those the user built); only those the run built are closed.
-        end = max(self.clock.now() + SPOOL_GRACE_S, deadline)
-        with self.clock.deadline(end, shield=True):
+        with self._until_deadline(floor=self.clock.now() + SPOOL_GRACE_S, shield=True):
             async with anyio.create_task_group() as tg:
                 for lane in self.lanes:
                     tg.start_soon(self._end_quietly, lane, reason)

@@ -5,9 +5,10 @@ blocking file operation handed to this thread; the tracker loop awaits its futur
 mechanism, chosen over aiofiles on the tracker loop because of the exit path: Python 3.12
 refuses to start threads at interpreter shutdown, which is exactly when ``close()`` may have
 to spool, and aiofiles (like asyncio's default executor, and ``ThreadPoolExecutor``, which
-refuses work once shutdown has begun) starts its threads on demand. This thread is started
-with the tracker loop, so the exit path only hands it work. It is a daemon: a disk that hangs
-must not keep the process alive, and every wait on it is bounded by the caller's deadline.
+refuses work once shutdown has begun) starts its threads on demand. The process's runtime
+starts this thread with the tracker loop, so the exit path only hands it work. It is a daemon:
+a disk that hangs must not keep the process alive, and every wait on it is bounded by the
+caller's deadline.
 
 :class:`InlineIO` runs the same calls on the loop's own thread, for the simulator, where
 determinism matters more than a blocked loop.
@@ -17,7 +18,6 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import os
 import queue
 import threading
 from abc import ABC, abstractmethod
@@ -26,7 +26,7 @@ from typing import Any, TypeVar
 
 import anyio.lowlevel
 
-from async_tracker.signals import start_thread
+from async_tracker.runtime.signals import start_thread
 
 T = TypeVar("T")
 
@@ -44,33 +44,27 @@ class SpoolIO(ABC):
 
 
 class ThreadIO(SpoolIO):
-    """The process's spool thread. A forked child starts its own on first use."""
+    """A spool thread: the process's runtime owns one (``runtime().spool_io``), and a forked
+    child's runtime a new one."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._queue: queue.SimpleQueue[
             tuple[Callable[..., Any], tuple[Any, ...], concurrent.futures.Future[Any]]
         ] = queue.SimpleQueue()
-        self._pid = 0
+        self._started = False
 
     def start(self) -> None:
-        if self._pid == os.getpid():
+        if self._started:
             return
         with self._lock:
-            if self._pid != os.getpid():
-                # A fork copies the queue but not the thread: start afresh in the child.
-                self._queue = queue.SimpleQueue()
+            if not self._started:
                 start_thread(
                     threading.Thread(
                         target=self._serve, args=(self._queue,), name=THREAD_NAME, daemon=True
                     )
                 )
-                self._pid = os.getpid()
-
-    def after_fork_in_child(self) -> None:
-        # Another thread of the parent may have held the lock (starting the spool thread)
-        # at the fork; the thread itself is restarted by start(), which sees a new pid.
-        self._lock = threading.Lock()
+                self._started = True
 
     @staticmethod
     def _serve(
@@ -106,7 +100,3 @@ class InlineIO(SpoolIO):
     async def run(self, fn: Callable[..., T], *args: Any) -> T:
         await anyio.lowlevel.checkpoint()
         return fn(*args)
-
-
-thread_io = ThreadIO()
-os.register_at_fork(after_in_child=thread_io.after_fork_in_child)

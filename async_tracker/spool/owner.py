@@ -69,5 +69,6 @@ class Locks:
         self._mutex = threading.Lock()
 
 
+# Forgotten in a forked child by the process's runtime (async_tracker.runtime.process),
+# at the fork itself: see forget_after_fork.
 locks = Locks()
-os.register_at_fork(after_in_child=locks.forget_after_fork)

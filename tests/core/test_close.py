@@ -230,12 +230,12 @@ def test_a_flush_waiting_when_another_thread_closes_returns(make_run: MakeRun) -
 
 
 def test_close_of_many_runs_shares_one_deadline(make_run: MakeRun) -> None:
-    from async_tracker import shutdown
+    from async_tracker.runtime.process import runtime
 
     runs = [make_run(f"r{i}", [FaultyTracker().always("write_batch", Hang())]) for i in range(5)]
     for run in runs:
         run.add_metadata(a=1)
-    shutdown.close_all(timeout=0.3)
+    runtime().close_all(timeout=0.3)
     # Closed concurrently, to one deadline: each gave up at it.
     assert all(r.closed for r in runs)
     assert all(r.close().timed_out and undelivered(r.close()) == 1 for r in runs)

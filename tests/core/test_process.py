@@ -164,17 +164,18 @@ def test_forked_child_is_not_starved_by_the_parents_hung_threads(make_run: MakeR
 def test_forked_child_works_when_the_parent_forked_with_our_locks_held(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    # Another thread holds run_from_env()'s lock and the spool thread's start lock at the
-    # fork: the child's copies would stay locked forever, and its first use wait forever.
+    # Another thread holds run_from_env()'s lock and the runtime's lock (which guards starting
+    # its threads) at the fork: the child's copies would stay locked forever, and its first
+    # use wait forever.
     import async_tracker.run as run_module
-    from async_tracker.spool.io import thread_io
+    from async_tracker.runtime.process import runtime
 
     monkeypatch.setenv("TORCHX_JOB_ID", "forked")
     monkeypatch.setenv("TORCHX_TRACKERS", "")
     held, release = threading.Event(), threading.Event()
 
     def hold() -> None:
-        with run_module._env_lock, thread_io._lock:
+        with run_module._env_lock(), runtime()._lock:
             held.set()
             release.wait()
 
@@ -185,7 +186,8 @@ def test_forked_child_works_when_the_parent_forked_with_our_locks_held(
 
         def child() -> dict[str, Any]:
             run = AppRun.run_from_env()
-            return {"run": run.id, "spool thread": thread_io.submit(os.getpid).result(10)}
+            io = runtime().spool_io
+            return {"run": run.id, "spool thread": io.submit(os.getpid).result(10)}
 
         pid, result = run_in_fork(child)
         assert result == {"run": "forked", "spool thread": pid}

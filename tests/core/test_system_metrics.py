@@ -16,7 +16,7 @@ import pytest
 from async_tracker import AppRun
 from async_tracker.backend.memory import InMemoryTracker
 from async_tracker.clock import Clock
-from async_tracker.loop import get_loop
+from async_tracker.runtime.process import runtime
 from async_tracker.settings import RunOptions
 from async_tracker.system_metrics import Rank, Sampler, SystemMetrics
 
@@ -177,7 +177,7 @@ def test_the_sampler_runs_on_the_tracker_loop_every_interval_until_close(
     clock = TickClock(ticks=3)
     # A driver that fails costs the GPU readings (with a warning), not the sampling.
     system = SystemMetrics(run, 7.5, Sampler(Rank({}), nvml=BrokenDriver()), clock=clock)
-    system.start(get_loop().submit)
+    system.start(runtime().loop.submit)
     future = system._future
     assert future is not None
     assert clock.held.wait(30)

@@ -20,7 +20,8 @@ import pytest
 from async_tracker import AppRun, tensors
 from async_tracker.backend.memory import InMemoryTracker
 from async_tracker.ingress import Packed
-from async_tracker.loop import THREAD_NAME, get_loop
+from async_tracker.runtime.loop import THREAD_NAME
+from async_tracker.runtime.process import runtime
 from async_tracker.tensors import DeferredValue
 from tests.core.helpers import python_env
 from tests.faulty import FaultyTracker, transient
@@ -71,7 +72,7 @@ def device_events(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[StandInEvent
 
 
 def backend_metadata(mem: InMemoryTracker, run_id: str) -> dict[str, object]:
-    return dict(get_loop().call(mem.metadata, run_id))
+    return dict(runtime().loop.call(mem.metadata, run_id))
 
 
 def values(mem: InMemoryTracker, run_id: str, name: str) -> list[tuple[int, float]]:
@@ -136,7 +137,7 @@ def test_tensors_without_one_real_value_are_refused_naming_the_metric(
         run.log_metrics({"good": torch.tensor(1.0), "bad": value})  # type: ignore[dict-item]
     run.log_metric("after", 1.0)
     assert run.flush().ok
-    assert set(get_loop().call(mem.metrics, "r")) == {"after"}  # nothing of those calls
+    assert set(runtime().loop.call(mem.metrics, "r")) == {"after"}  # nothing of those calls
 
 
 def test_importing_async_tracker_imports_neither_torch_nor_numpy() -> None:

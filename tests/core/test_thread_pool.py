@@ -1,4 +1,4 @@
-"""The process's worker threads (async_tracker/threads.py): one cap for the process, a limit
+"""The process's worker threads (async_tracker/runtime/threads.py): one cap for the process, a
 per endpoint, abandoned calls, 1000 runs at once, fork and exit."""
 
 from __future__ import annotations
@@ -16,7 +16,8 @@ from fsspec.implementations.local import LocalFileSystem
 
 from async_tracker import AppRun, FlushReport
 from async_tracker.backend.fsspec import AsyncFsspecTracker, FsspecTracker
-from async_tracker.threads import ThreadPool, run_blocking, thread_pool
+from async_tracker.runtime.process import run_blocking, runtime
+from async_tracker.runtime.threads import ThreadPool
 from tests.core.helpers import Child, wait_until
 from tests.core.test_process import run_in_fork
 from tests.faulty import DictTracker
@@ -113,7 +114,7 @@ async def test_an_abandoned_call_returns_at_once_and_keeps_its_slot() -> None:
         with pytest.raises(asyncio.CancelledError):
             await task
         # The caller is gone; the thread is not: its slot stays taken until it returns.
-        assert thread_pool().held(endpoint) == (1, 0)
+        assert runtime().pool.held(endpoint) == (1, 0)
     finally:
         gate.set()
     assert await run_blocking(lambda: "next", endpoint=endpoint) == "next"
@@ -178,7 +179,7 @@ class StuckFileSystem(LocalFileSystem):
 def test_runs_on_a_dead_root_do_not_starve_runs_on_another(
     tmp_path: Path, make_run: MakeRun
 ) -> None:
-    pool = thread_pool()
+    pool = runtime().pool
     release = threading.Event()  # set only at the end, to let the threads go
     dead_root = str(tmp_path / "dead")
     fs = StuckFileSystem(dead_root, release)
@@ -245,7 +246,7 @@ def test_thousand_runs_on_one_root_share_a_few_threads(
 
 
 def test_a_forked_child_gets_a_fresh_pool(monkeypatch: pytest.MonkeyPatch) -> None:
-    parent = thread_pool()
+    parent = runtime().pool
     gate = threading.Event()
     entered = threading.Semaphore(0)
 
@@ -261,7 +262,7 @@ def test_a_forked_child_gets_a_fresh_pool(monkeypatch: pytest.MonkeyPatch) -> No
         monkeypatch.setenv("ASYNC_TRACKER_THREADS", "3")  # read by the child's new pool only
 
         def child() -> dict[str, Any]:
-            pool = thread_pool()
+            pool = runtime().pool
             fresh = pool is not parent and pool.threads == 0 and pool.held("shared") == (0, 0)
             ran = pool.submit(lambda: "ran", "shared").result(WAIT_S)
             plain = DictTracker()
@@ -298,7 +299,7 @@ def test_a_bad_thread_count_is_a_clear_error(value: str, monkeypatch: pytest.Mon
 
     def child() -> dict[str, Any]:
         try:
-            thread_pool()
+            runtime().pool  # noqa: B018 - the pool is made on first use
         except ValueError as exc:
             return {"message": str(exc)}
         return {"message": None}
@@ -310,13 +311,14 @@ def test_a_bad_thread_count_is_a_clear_error(value: str, monkeypatch: pytest.Mon
 EXIT_SCRIPT = """
 import sys
 import fsspec
-import async_tracker.threads as threads
+from async_tracker.runtime.process import runtime
+from async_tracker.runtime.threads import ThreadPool
 from async_tracker import AppRun, FlushReport
 from async_tracker.backend.fsspec import AsyncFsspecTracker, FsspecTracker
 
 # Idle threads end at once, but for the last one: the exit path must find a thread to run on
 # (Python 3.12 refuses to start one at interpreter exit).
-threads._pool = threads.ThreadPool(16, 4, idle_s=0.001)
+runtime()._pool = ThreadPool(16, 4, idle_s=0.001)
 run = AppRun("r", [FsspecTracker(fsspec.filesystem("file"), sys.argv[1])], flush_interval=3600)
 for i in range(100):
     run.log_metric("loss", float(i), step=i)

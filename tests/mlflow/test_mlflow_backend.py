@@ -47,7 +47,7 @@ from async_tracker.errors import (
     TransientBackendError,
     classify,
 )
-from async_tracker.shutdown import exiting_on_exception
+from async_tracker.runtime.process import exiting_on_exception
 from tests.mlflow.server import free_port
 
 if sys.version_info < (3, 11):  # pragma: no cover - 3.10

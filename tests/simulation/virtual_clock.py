@@ -36,6 +36,9 @@ class VirtualClock(Clock):
         self._timers: list[tuple[float, int, Callable[[], None]]] = []
         self._ids = itertools.count()
         self._cancelled: set[int] = set()
+        # The timers of each scope deadline() made, by id(scope): move() adds one, and all
+        # go when the scope ends (a timer firing later would jump the clock for nothing).
+        self._scope_timers: dict[int, list[int]] = {}
 
     def now(self) -> float:
         return self._now
@@ -59,12 +62,20 @@ class VirtualClock(Clock):
     @contextmanager
     def deadline(self, when: float, shield: bool = False) -> Iterator[anyio.CancelScope]:
         with anyio.CancelScope(shield=shield) as scope:
-            ident = self._add(when, scope.cancel) if when < math.inf else None
+            timers = self._scope_timers[id(scope)] = []
+            if when < math.inf:
+                timers.append(self._add(when, scope.cancel))
             try:
                 yield scope
             finally:
-                if ident is not None:
-                    self._cancelled.add(ident)
+                self._cancelled.update(self._scope_timers.pop(id(scope)))
+
+    def move(self, scope: anyio.CancelScope, when: float) -> None:
+        # Only ever earlier (a close's deadline shortened): the earlier timer wins, and the
+        # later one is a no-op on a cancelled scope.
+        timers = self._scope_timers.get(id(scope))
+        if timers is not None:
+            timers.append(self._add(when, scope.cancel))
 
     def has_timers(self) -> bool:
         self._prune()

@@ -416,6 +416,28 @@ class World:
         self._bury(run, inc)
         self.start(run)
 
+    async def sigterm_while_closing(
+        self, run: str, timeout: float, after: float, grace: float
+    ) -> None:
+        """close(``timeout``), whose deadline a SIGTERM moves ``after`` seconds in to the end
+        of its ``grace`` (if that is earlier): the close ends by then, what it could not
+        deliver is on disk, and the invariants of any close hold (see :meth:`close`)."""
+        pipeline = self.runs[run].pipeline
+        ended: list[float] = []
+
+        async def closing() -> None:
+            await self.close(run, timeout)
+            ended.append(self.clock.now())
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(closing)
+            await self.clock.sleep(after)
+            signalled = self.clock.now()
+            pipeline.shorten(signalled + grace)
+        if ended[0] > signalled:
+            took = ended[0] - signalled
+            assert took <= grace + 2 * SPOOL_GRACE_S + 1e-6, f"{took} s after the SIGTERM"
+
     def _bury(self, run: str, inc: Incarnation) -> None:
         """What an incarnation that ends takes with it: per backend, the records neither
         done nor on disk (in memory, or still in the ingress). Heads of lanes may be sent

@@ -24,7 +24,7 @@ from async_tracker.records import (
     check_name,
     check_source,
 )
-from async_tracker.shutdown import close_reason
+from async_tracker.runtime.process import close_reason
 
 
 class MLflowTracker(SyncTracker):

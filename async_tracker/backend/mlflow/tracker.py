@@ -1,7 +1,7 @@
 """The async MLflow backend: :class:`AsyncMLflowTracker`.
 
 Every ``MlflowClient`` call blocks, so each runs in a worker thread through
-:func:`async_tracker.threads.run_blocking` (the tracking URI as its endpoint): the tracker
+:func:`async_tracker.runtime.process.run_blocking` (the tracking URI as its endpoint): the tracker
 loop never waits on the network. Only the client's public API is used (``log_batch``,
 ``log_artifact``, ``search_runs`` ...).
 """
@@ -72,7 +72,7 @@ from async_tracker.records import (
     TrackerSource,
     sort_points,
 )
-from async_tracker.threads import run_blocking
+from async_tracker.runtime.process import run_blocking
 
 if sys.version_info < (3, 11):  # pragma: no cover - 3.10
     from exceptiongroup import BaseExceptionGroup

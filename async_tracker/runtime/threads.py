@@ -2,9 +2,11 @@
 
 Every blocking call of every backend runs here: a third-party ``TrackerBase`` (through
 :class:`async_tracker.adapters.ThreadedTracker`), a sync fsspec filesystem, the MLflow client.
-The tracker loop awaits them::
+The tracker loop awaits them through the process's pool (``runtime().pool``)::
 
     await run_blocking(fs.pipe_file, path, data, endpoint="file:///data/runs")
+
+(:func:`async_tracker.runtime.process.run_blocking`).
 
 Two limits, read from the environment when the pool is first used in a process:
 
@@ -22,8 +24,9 @@ That is what makes the cap true with hung calls: anyio's ``to_thread`` gives a c
 call's limiter token back while its thread runs on, so each close() deadline of a run on a dead
 server would add a thread for good.
 
-The pool is plain threads and a lock, tied to no event loop: it is created on first use, anew
-in a forked child (which has none of the parent's threads, and maybe a copy of a held lock).
+The pool is plain threads and a lock, tied to no event loop: the process's runtime creates it
+on first use, and a forked child's runtime a new one (the child has none of the parent's
+threads, and maybe a copy of a held lock).
 Its threads are daemons, so a hung call never keeps the process alive. Idle threads end after
 ``THREAD_IDLE_S``, but for one: the tracker loop starts it with itself, and it stays, because
 Python 3.12 refuses to start threads at interpreter exit, when open runs are closed.
@@ -33,20 +36,13 @@ from __future__ import annotations
 
 import concurrent.futures
 import functools
-import os
 import threading
 from collections import deque
 from collections.abc import Callable
 from typing import Any, Generic, TypeVar
 
-from async_tracker.loop import wait_future
-from async_tracker.settings import (
-    DEFAULT_THREAD_LIMIT,
-    DEFAULT_THREADS_PER_ENDPOINT,
-    THREAD_IDLE_S,
-    env_int,
-)
-from async_tracker.signals import start_thread
+from async_tracker.runtime.signals import start_thread
+from async_tracker.settings import THREAD_IDLE_S
 
 T = TypeVar("T")
 
@@ -226,47 +222,3 @@ class ThreadPool:
             job.run()
             # Not kept while idle: the job holds the call's arguments and result.
             finished, job = job.endpoint, None
-
-
-_lock = threading.Lock()
-_pool: ThreadPool | None = None
-
-
-def thread_pool() -> ThreadPool:
-    """The process's pool, created on first use (again in a forked child), sized by
-    ``ASYNC_TRACKER_THREADS`` and ``ASYNC_TRACKER_THREADS_PER_ENDPOINT``."""
-    global _pool
-    pool = _pool
-    if pool is None:
-        with _lock:
-            if _pool is None:
-                _pool = ThreadPool(
-                    env_int("THREADS", DEFAULT_THREAD_LIMIT),
-                    env_int("THREADS_PER_ENDPOINT", DEFAULT_THREADS_PER_ENDPOINT),
-                )
-            pool = _pool
-    return pool
-
-
-async def run_blocking(fn: Callable[..., T], *args: Any, endpoint: str) -> T:
-    """``fn(*args)`` in a worker thread of the process's pool, within ``endpoint``'s limit.
-
-    ``endpoint`` names what the call talks to, so that calls hung on one server hold at most
-    its share of the threads: a filesystem root (``file:///data/runs``), a tracking server
-    URI, a bucket. Cancelling the await abandons the call (see :meth:`ThreadPool.submit`).
-    Pass keyword arguments with ``functools.partial``.
-    """
-    future = thread_pool().submit(functools.partial(fn, *args), endpoint)
-    # Woken through the awaiting loop's thread-safe entry (the tracker loop's, or asyncio's or
-    # trio's for a backend used directly); cancelling the await cancels the job's future.
-    return await wait_future(future)
-
-
-def _after_fork_in_child() -> None:
-    global _pool, _lock
-    # The parent's threads do not exist here, and a lock one of them held would stay held.
-    _pool = None
-    _lock = threading.Lock()
-
-
-os.register_at_fork(after_in_child=_after_fork_in_child)

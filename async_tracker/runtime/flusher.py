@@ -4,24 +4,41 @@ Every ``DEFAULT_WAKE_INTERVAL_S`` it looks at each open run: a cut when one is d
 memory bound. The hot path never wakes it (that would be an event-loop call). Lanes are tasks
 of its task group; a lane supervises itself (see :mod:`async_tracker.pipeline.lane`), and a
 run whose tick fails is reported and skipped, so that one run's fault never stops the others.
+
+It drives pipelines through :class:`Ticked` (what :class:`~async_tracker.pipeline.run_pipeline.
+RunPipeline` offers): the runtime sits below the pipeline and never imports it.
 """
 
 from __future__ import annotations
 
 import logging
-import os
 import threading
+from collections.abc import Callable, Coroutine, Sequence
+from typing import Any, Protocol
 
 import anyio
 import anyio.abc
 
-from async_tracker.loop import TrackerLoop, get_loop
-from async_tracker.pipeline.run_pipeline import PACKED_PAUSE_S, RunPipeline
-from async_tracker.settings import DEFAULT_WAKE_INTERVAL_S
-from async_tracker.spool.io import thread_io
-from async_tracker.threads import thread_pool
+from async_tracker.runtime.loop import TrackerLoop
+from async_tracker.settings import DEFAULT_WAKE_INTERVAL_S, PACKED_PAUSE_S
 
 logger = logging.getLogger(__name__)
+
+
+class Ticked(Protocol):
+    """A run's pipeline, as the flusher drives it."""
+
+    run_id: str
+    closed: bool
+
+    def tick(self) -> None:
+        """A cut if one is due, and the memory bound."""
+
+    def draining(self) -> bool:
+        """Whether an overload's records wait to be taken a share at a time: look soon."""
+
+    def tasks(self) -> Sequence[tuple[str, Callable[[], Coroutine[Any, Any, None]]]]:
+        """The tasks (name, function) to run on the loop until the run closes: its lanes."""
 
 
 class Flusher:
@@ -29,13 +46,9 @@ class Flusher:
 
     def __init__(self, loop: TrackerLoop) -> None:
         self.loop = loop
-        self.runs: set[RunPipeline] = set()
+        self.runs: set[Ticked] = set()
         self._tg: anyio.abc.TaskGroup | None = None
         self._has_runs: anyio.Event | None = None  # created on the loop, by _serve
-        # Started now, not when first needed: the exit path may need them, and Python 3.12
-        # refuses to start threads at interpreter shutdown.
-        thread_io.start()
-        thread_pool().start()
         ready = threading.Event()
         loop.submit(self._serve, ready)
         # Wait for the task group, so that add() never has to: submitted tasks then run in
@@ -56,8 +69,8 @@ class Flusher:
                     self._has_runs = anyio.Event()
                 # An overloaded run drains its packed ingress a share at a time: look again
                 # soon, so that the share keeps pace with a loop that does nothing but log.
-                packed = any(len(run.packed) for run in self.runs)
-                await anyio.sleep(PACKED_PAUSE_S if packed else DEFAULT_WAKE_INTERVAL_S)
+                draining = any(run.draining() for run in self.runs)
+                await anyio.sleep(PACKED_PAUSE_S if draining else DEFAULT_WAKE_INTERVAL_S)
                 for run in list(self.runs):
                     if run.closed:
                         self.runs.discard(run)
@@ -67,34 +80,12 @@ class Flusher:
                     except Exception:
                         logger.exception("async_tracker: flushing run %r failed", run.run_id)
 
-    async def add(self, run: RunPipeline) -> None:
-        """Registers a run and starts its lanes (on the loop: lanes are tasks of ours)."""
+    async def add(self, run: Ticked) -> None:
+        """Registers a run and starts its tasks (on the loop: lanes are tasks of ours)."""
         while self._tg is None:  # only when created from the loop thread itself
             await anyio.sleep(0)
         self.runs.add(run)
         assert self._has_runs is not None
         self._has_runs.set()
-        for lane in run.lanes:
-            self._tg.start_soon(lane.run, name=f"async-tracker lane {lane.name}")
-
-
-_flusher: Flusher | None = None
-_flusher_lock = threading.Lock()
-
-
-def get_flusher() -> Flusher:
-    """The flusher of this process's tracker loop (a new one after a fork)."""
-    global _flusher
-    loop = get_loop()
-    with _flusher_lock:
-        if _flusher is None or _flusher.loop is not loop:
-            _flusher = Flusher(loop)
-        return _flusher
-
-
-def _after_fork_in_child() -> None:
-    global _flusher_lock
-    _flusher_lock = threading.Lock()
-
-
-os.register_at_fork(after_in_child=_after_fork_in_child)
+        for name, task in run.tasks():
+            self._tg.start_soon(task, name=name)

@@ -18,7 +18,7 @@ every writer and every close().
 
 The thread is a daemon, so a backend hung forever cannot keep the process alive, and the
 anyio worker threads it starts inherit that. After a fork the child has no such thread (only
-the forking thread survives a fork): :func:`get_loop` starts a new one on first use.
+the forking thread survives a fork): the child's own runtime starts a new one on first use.
 """
 
 from __future__ import annotations
@@ -26,7 +26,6 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import math
-import os
 import sys
 import threading
 from collections.abc import Awaitable, Callable
@@ -35,7 +34,7 @@ from typing import Any, TypeVar
 import anyio
 from anyio.streams.memory import MemoryObjectSendStream
 
-from async_tracker.signals import start_thread
+from async_tracker.runtime.signals import start_thread
 
 T = TypeVar("T")
 
@@ -149,6 +148,15 @@ class TrackerLoop:
                 raise
             else:
                 _settle(future.set_result, result)
+
+    def call_soon(self, fn: Callable[..., object], *args: Any) -> None:
+        """Runs the plain function ``fn(*args)`` on the loop thread soon, and returns at once:
+        it only queues a callback (no lock, no wait), so a signal handler may call it."""
+        if self.in_loop_thread():
+            fn(*args)
+            return
+        assert self._aloop is not None
+        self._aloop.call_soon_threadsafe(fn, *args)
 
     def call(self, fn: Callable[..., Awaitable[T]], *args: Any, timeout: float | None = None) -> T:
         """Runs ``fn(*args)`` on the loop and waits for its result in the calling thread."""
@@ -274,31 +282,3 @@ def _settle(setter: Callable[[Any], None], value: Any) -> None:
         setter(value)
     except concurrent.futures.InvalidStateError:  # cancelled by the waiter meanwhile
         pass
-
-
-_lock = threading.Lock()
-_loop: TrackerLoop | None = None
-_loop_pid = os.getpid()
-
-
-def get_loop() -> TrackerLoop:
-    """The process's tracker loop, started on first use (again in a forked child)."""
-    global _loop, _loop_pid
-    loop = _loop
-    if loop is not None and _loop_pid == os.getpid():
-        return loop
-    with _lock:
-        if _loop is None or _loop_pid != os.getpid():
-            _loop = TrackerLoop()
-            _loop_pid = os.getpid()
-        return _loop
-
-
-def _after_fork_in_child() -> None:
-    global _loop, _lock
-    # The parent's loop thread does not exist here; a lock it held would stay held forever.
-    _loop = None
-    _lock = threading.Lock()
-
-
-os.register_at_fork(after_in_child=_after_fork_in_child)

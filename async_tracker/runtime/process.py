@@ -1,0 +1,390 @@
+"""The process around the tracker: one :class:`Runtime` per process owns what is per process.
+
+* The tracker loop (:mod:`~async_tracker.runtime.loop`), the worker threads for blocking calls
+  (:mod:`~async_tracker.runtime.threads`), the spool thread (:mod:`async_tracker.spool.io`)
+  and the flusher (:mod:`~async_tracker.runtime.flusher`), each started on first use.
+* The runs of the process (held as :class:`Run`; ``AppRun`` registers itself) and how they
+  end by themselves: at interpreter exit every run still open is closed, all at once, within
+  the longest close timeout; in a ``multiprocessing`` child too (it leaves with ``os._exit``).
+* SIGTERM (when ``ASYNC_TRACKER_HANDLE_SIGTERM`` is not ``0``): every close under way, or to
+  come, ends by the grace's end (``ASYNC_TRACKER_SIGTERM_GRACE`` seconds, default 5): what is
+  not delivered by then is spooled. Then the previous handler runs (open runs were flushed,
+  and stay open for it), or, if that is the default action, the runs are closed first, as
+  ``killed``, and the process dies by the signal.
+
+Fork, one mechanism. :func:`runtime` checks the pid: a forked child gets a new ``Runtime``,
+so every per-process object (threads, loop, locks) is new there, and nothing the parent's
+other threads held at the fork (a lock) is ever used. What cannot wait for a pid check is
+done by the single ``os.register_at_fork`` registration below, in this order: SIGTERM is
+blocked across the fork; in the child the parent's spool locks are forgotten, the child's
+runtime takes over the runs and each forgets the parent's records (before any write of the
+child), and only then is SIGTERM unblocked (a signal sent meanwhile runs the handler then, on
+the child's runs). ``multiprocessing``'s own after-fork hook registers the child's exit close.
+"""
+
+from __future__ import annotations
+
+import atexit
+import functools
+import logging
+import math
+import multiprocessing.util
+import os
+import signal
+import sys
+import threading
+import time
+import weakref
+from collections.abc import Callable
+from types import FrameType
+from typing import Any, Protocol, TypeVar
+
+from async_tracker.base import CloseReason
+from async_tracker.report import FlushReport
+from async_tracker.runtime.flusher import Flusher
+from async_tracker.runtime.loop import TrackerLoop, wait_future
+from async_tracker.runtime.signals import Mask, block_sigterm, restore
+from async_tracker.runtime.threads import ThreadPool
+from async_tracker.settings import (
+    DEFAULT_SIGTERM_GRACE_S,
+    DEFAULT_THREAD_LIMIT,
+    DEFAULT_THREADS_PER_ENDPOINT,
+    RunOptions,
+    env_float,
+    env_int,
+)
+from async_tracker.spool.io import ThreadIO
+from async_tracker.spool.owner import locks
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+
+class Run(Protocol):
+    """What the runtime needs of a run (``AppRun``)."""
+
+    @property
+    def id(self) -> str: ...
+
+    @property
+    def closed(self) -> bool: ...
+
+    @property
+    def options(self) -> RunOptions: ...
+
+    def close_finished(self) -> bool: ...
+
+    def begin_close(
+        self, deadline: float, reason: CloseReason
+    ) -> Callable[[float], FlushReport]: ...
+
+    def flush(self, timeout: float | None = None) -> FlushReport: ...
+
+    def forget_after_fork(self) -> None: ...
+
+
+class Runtime:
+    """What one process has of async_tracker: its threads, its loop and its runs. Get it with
+    :func:`runtime`; nothing here is shared with a forked child."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        # Guards starting the loop, the pool, the spool thread and the flusher. New with each
+        # runtime: one a thread of the parent held at the fork is never used in the child.
+        self._lock = threading.Lock()
+        self._loop: TrackerLoop | None = None
+        self._pool: ThreadPool | None = None
+        self._spool_io: ThreadIO | None = None
+        self._flusher: Flusher | None = None
+        # Keyed by id(): runs compare equal by value (id and backends, like torchx's
+        # dataclass), and each of two equal runs must still be found and closed. An entry
+        # goes when its run dies, before its id() can be reused.
+        self._runs: weakref.WeakValueDictionary[int, Run] = weakref.WeakValueDictionary()
+        # Runs with records on their way, held until they close: the exit hook must close a
+        # run its caller dropped without closing (its records live on in the flusher).
+        self._held: dict[int, Run] = {}
+        self.sigterm_installed = False
+        self._previous_sigterm: Any = None
+        # The end of the first SIGTERM's grace (time.monotonic()): no close ends later.
+        self._sigterm_deadline = math.inf
+
+    # -- the process's threads, started on first use -----------------------------------------
+    @property
+    def loop(self) -> TrackerLoop:
+        """The tracker loop (a daemon thread running an anyio event loop)."""
+        loop = self._loop
+        if loop is None:
+            with self._lock:
+                if self._loop is None:
+                    self._loop = TrackerLoop()
+                loop = self._loop
+        return loop
+
+    @property
+    def pool(self) -> ThreadPool:
+        """The worker threads for blocking calls, sized by ``ASYNC_TRACKER_THREADS`` and
+        ``ASYNC_TRACKER_THREADS_PER_ENDPOINT``."""
+        pool = self._pool
+        if pool is None:
+            with self._lock:
+                if self._pool is None:
+                    self._pool = ThreadPool(
+                        env_int("THREADS", DEFAULT_THREAD_LIMIT),
+                        env_int("THREADS_PER_ENDPOINT", DEFAULT_THREADS_PER_ENDPOINT),
+                    )
+                pool = self._pool
+        return pool
+
+    @property
+    def spool_io(self) -> ThreadIO:
+        """The spool thread, where every spool file operation runs."""
+        io = self._spool_io
+        if io is None:
+            with self._lock:
+                if self._spool_io is None:
+                    self._spool_io = ThreadIO()
+                io = self._spool_io
+        return io
+
+    def flusher(self) -> Flusher:
+        """The flusher on the tracker loop, started on first call, with the spool thread and
+        one worker thread: the exit path may need them, and Python 3.12 refuses to start
+        threads at interpreter shutdown."""
+        flusher = self._flusher
+        if flusher is None:
+            loop, io, pool = self.loop, self.spool_io, self.pool
+            io.start()
+            pool.start()
+            with self._lock:
+                if self._flusher is None:
+                    self._flusher = Flusher(loop)
+                flusher = self._flusher
+        return flusher
+
+    # -- the runs ------------------------------------------------------------------------------
+    def register(self, run: Run) -> None:
+        self._runs[id(run)] = run
+
+    def hold(self, run: Run) -> None:
+        self._held[id(run)] = run
+
+    def release(self, run: Run) -> None:
+        self._held.pop(id(run), None)
+
+    def runs(self) -> list[Run]:
+        # valuerefs() copies in one step: safe while another thread registers a run.
+        return [run for ref in self._runs.valuerefs() if (run := ref()) is not None]
+
+    def unfinished_runs(self) -> list[Run]:
+        """Open runs, and runs whose close is under way (a SIGTERM during close() must wait
+        for that close, not kill the process in the middle of it)."""
+        return [r for r in self.runs() if not r.close_finished()]
+
+    # -- the end of runs -----------------------------------------------------------------------
+    def close_deadline(self, timeout: float) -> float:
+        """The deadline (``time.monotonic()``) of a close given ``timeout`` seconds now: the
+        earlier of now + ``timeout`` and the SIGTERM grace's end, once a SIGTERM came. Every
+        close asks here, so that one that starts after the signal (the exit hook's, a
+        ``close()`` in the previous handler's cleanup) ends within the grace too."""
+        return min(time.monotonic() + timeout, self._sigterm_deadline)
+
+    def close_all(self, timeout: float | None = None, reason: CloseReason | None = None) -> None:
+        """Closes every open run concurrently, and waits for closes under way, by one
+        deadline: ``timeout`` (default: the longest ``close_timeout`` among them) from now,
+        or the SIGTERM grace's end if earlier; closes under way end by it too. Each run's
+        close says what it could not deliver. ``reason`` defaults as :func:`close_reason`
+        says."""
+        runs = self.unfinished_runs()
+        if not runs:
+            return
+        why = close_reason(reason)
+        limit = max(r.options.close_timeout for r in runs) if timeout is None else timeout
+        deadline = self.close_deadline(limit)
+        for wait in [r.begin_close(deadline, why) for r in runs]:
+            wait(deadline)
+
+    def flush_all(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        for run in self.runs():
+            if run.closed:
+                continue
+            try:
+                run.flush(max(0.0, deadline - time.monotonic()))
+            except Exception as exc:  # a signal handler must not fail
+                logger.warning("async_tracker: flushing run %r on SIGTERM failed: %s", run.id, exc)
+
+    # -- SIGTERM -------------------------------------------------------------------------------
+    def install_sigterm_handler(self) -> None:
+        """Chains our SIGTERM handler in front of the current one, once, from the main thread
+        (Python allows signal handlers to be set only there). ``ASYNC_TRACKER_HANDLE_SIGTERM=0``
+        opts out. A process that ignores SIGTERM keeps ignoring it."""
+        if self.sigterm_installed or os.environ.get("ASYNC_TRACKER_HANDLE_SIGTERM", "1") == "0":
+            return
+        if threading.current_thread() is not threading.main_thread():
+            return
+        current = signal.getsignal(signal.SIGTERM)
+        if current is signal.SIG_IGN:
+            return
+        self._previous_sigterm = current
+        signal.signal(signal.SIGTERM, _on_sigterm)
+        self.sigterm_installed = True
+
+    def on_sigterm(self, signum: int, frame: FrameType | None) -> None:
+        grace = env_float("SIGTERM_GRACE", DEFAULT_SIGTERM_GRACE_S)
+        # From now on every close, under way or to come, ends by the grace's end: what is not
+        # delivered by then is spooled, before the process may die.
+        self._sigterm_deadline = deadline = min(self._sigterm_deadline, time.monotonic() + grace)
+        previous = self._previous_sigterm
+        if previous in (signal.SIG_DFL, None):
+            # The default action kills the process without running atexit: end runs now.
+            self.close_all(grace, "killed")
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            os.kill(os.getpid(), signal.SIGTERM)
+            return
+        # The previous handler decides whether the process ends: open runs stay open
+        # (flushed), and closes under way end (spooling what they could not deliver) first.
+        waits = [r.begin_close(deadline, "killed") for r in self.unfinished_runs() if r.closed]
+        self.flush_all(max(0.0, deadline - time.monotonic()))
+        for wait in waits:
+            wait(deadline)
+        if callable(previous):
+            previous(signum, frame)
+
+    # -- fork ----------------------------------------------------------------------------------
+    def take_over(self, parent: Runtime) -> None:
+        """In a forked child, before any other thread exists: the parent's runs become ours,
+        each forgetting the parent's records (they stay the parent's), and the SIGTERM
+        handler the child inherited stays chained as it was."""
+        self.sigterm_installed = parent.sigterm_installed
+        self._previous_sigterm = parent._previous_sigterm
+        for run in parent.runs():
+            run.forget_after_fork()
+            self.register(run)
+
+
+# One runtime per pid. dict.get and dict.setdefault are atomic under the GIL: two threads
+# that race for a new process's runtime get the same one, and no lock is needed (a lock
+# here could be held by another thread of the parent at a fork).
+_runtimes: dict[int, Runtime] = {}
+
+
+def runtime() -> Runtime:
+    """This process's :class:`Runtime` (a new one in a forked child)."""
+    pid = os.getpid()
+    current = _runtimes.get(pid)
+    if current is None:
+        current = _runtimes.setdefault(pid, Runtime(pid))
+    return current
+
+
+async def run_blocking(fn: Callable[..., T], *args: Any, endpoint: str) -> T:
+    """``fn(*args)`` in a worker thread of the process's pool, within ``endpoint``'s limit.
+
+    ``endpoint`` names what the call talks to, so that calls hung on one server hold at most
+    its share of the threads: a filesystem root (``file:///data/runs``), a tracking server
+    URI, a bucket. Cancelling the await abandons the call (see
+    :meth:`~async_tracker.runtime.threads.ThreadPool.submit`). Pass keyword arguments with
+    ``functools.partial``.
+    """
+    future = runtime().pool.submit(functools.partial(fn, *args), endpoint)
+    # Woken through the awaiting loop's thread-safe entry (the tracker loop's, or asyncio's or
+    # trio's for a backend used directly); cancelling the await cancels the job's future.
+    return await wait_future(future)
+
+
+def exiting_on_exception() -> bool:
+    """Whether the code calling this is ending on an exception.
+
+    Two cases, checked in the calling thread:
+
+    * an exception is propagating through the caller (``close()`` in a ``finally`` block or
+      an ``except`` clause): ``sys.exc_info()``;
+    * the interpreter is exiting after an uncaught exception (our close runs from an atexit
+      hook): Python stores that exception in ``sys.last_exc``/``sys.last_value`` before it
+      runs atexit hooks. We trust it only when the main thread has finished, because an
+      interactive session (a notebook) keeps ``sys.last_value`` from any earlier error.
+
+    ``SystemExit`` with code 0 or None is a normal exit. A ``sys.exit(1)`` is not seen
+    (Python does not record it) and ends ``finished``; pass ``reason="failed"`` for that.
+    """
+    exc = sys.exc_info()[1]
+    if exc is None and not threading.main_thread().is_alive():
+        exc = getattr(sys, "last_exc", None) or getattr(sys, "last_value", None)
+    if exc is None:
+        return False
+    return not (isinstance(exc, SystemExit) and exc.code in (0, None))
+
+
+def close_reason(reason: CloseReason | None) -> CloseReason:
+    """``reason``, or when not given: ``failed`` while exiting on an exception, else
+    ``finished``. Decided in the caller's thread, which is where the exception is known."""
+    if reason is not None:
+        return reason
+    return "failed" if exiting_on_exception() else "finished"
+
+
+def _on_sigterm(signum: int, frame: FrameType | None) -> None:
+    runtime().on_sigterm(signum, frame)
+
+
+def _close_all_at_exit() -> None:
+    runtime().close_all()
+
+
+# -- the one fork registration ---------------------------------------------------------------
+
+# Per thread: the hooks run in the forking thread, and two threads may fork at once.
+_forking = threading.local()
+
+
+def _before_fork() -> None:
+    parent = _runtimes.get(os.getpid())
+    _forking.parent = parent
+    # A SIGTERM that reached the child before CPython reset its signal state would be
+    # dropped, and our handler never run: blocked, it waits in the kernel until the child
+    # unblocks it (last, below), then runs the handler.
+    _forking.mask = block_sigterm() if parent is not None and parent.sigterm_installed else None
+
+
+def _after_fork_in_parent() -> None:
+    mask: Mask | None = getattr(_forking, "mask", None)
+    _forking.mask = _forking.parent = None
+    restore(mask)
+
+
+def _after_fork_in_child() -> None:
+    mask: Mask | None = getattr(_forking, "mask", None)
+    parent: Runtime | None = getattr(_forking, "parent", None)
+    _forking.mask = _forking.parent = None
+    # The inherited lock files share the parent's locks (flock belongs to the open file):
+    # closed at once, or the parent's release would not free them while this child lives.
+    locks.forget_after_fork()
+    if parent is not None:
+        _runtimes.pop(parent.pid, None)  # the parent's threads and locks: not ours
+        runtime().take_over(parent)
+    restore(mask)
+
+
+class _Token:
+    """Keeps the multiprocessing after-fork registration alive (it holds a weak reference)."""
+
+
+_mp_token = _Token()
+
+
+def _close_at_multiprocessing_exit(_: object) -> None:
+    # multiprocessing's fork and forkserver children (DataLoader workers) end with os._exit:
+    # atexit never runs there, and whatever they logged since the last flush would be lost
+    # silently. Their exit does run multiprocessing's own finalizers; this hook runs in each
+    # child after it has cleared the parent's finalizers, so close the runs there.
+    multiprocessing.util.Finalize(None, _close_all_at_exit, exitpriority=100)
+
+
+atexit.register(_close_all_at_exit)
+os.register_at_fork(
+    before=_before_fork,
+    after_in_parent=_after_fork_in_parent,
+    after_in_child=_after_fork_in_child,
+)
+multiprocessing.util.register_after_fork(_mp_token, _close_at_multiprocessing_exit)
