@@ -151,8 +151,10 @@ class FlushReport:
             counts.append("its end status spooled")
         if self.end_pending:
             counts.append("its end status left in memory")
+        records = self.pending or self.spooled or self.dropped
+        what = "records" if records else "its end status"
         lines = [
-            f"async_tracker: run {run_id!r} ended with records not delivered: "
+            f"async_tracker: run {run_id!r} ended with {what} not delivered: "
             + ", ".join(counts)
             + (" (close timed out)" if self.timed_out else "")
         ]

@@ -275,8 +275,8 @@ class Lane:
         """Tells the backend the run is alive, every ``heartbeat_s``, until close stops the
         lane. A task of its own, beside delivery: each call is bounded by the interval and
         its failures are ignored (logged at debug level), so that a store that is slow or
-        down costs delivery nothing. It stops with the deliverer (the run is closing: its
-        end record says the rest)."""
+        down costs delivery nothing. It stops once the run closes (its end record says the
+        rest)."""
         while True:
             with self.clock.move_on_after(self.heartbeat_s):
                 try:

@@ -7,6 +7,7 @@ The tests share one server of their own (module scope), which they stop and star
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 from collections.abc import Iterator
@@ -15,9 +16,11 @@ from typing import Any
 
 import pytest
 
+from async_tracker import AppRun
 from async_tracker.backend.mlflow import AsyncMLflowTracker
+from async_tracker.backend.mlflow.mapping import TAG_HEARTBEAT
 from async_tracker.sync import sync_spool
-from tests.core.helpers import Child
+from tests.core.helpers import Child, wait_until
 from tests.mlflow.server import MlflowServer
 
 pytestmark = pytest.mark.server
@@ -90,3 +93,22 @@ def test_a_job_ending_while_the_server_is_down_gets_its_status_from_sync(
     # A second sync has nothing left to send, and changes nothing.
     assert sync_spool(spool, {"mlflow": AsyncMLflowTracker(experiment_name, server.url)}).ok
     assert the_run(server.url, experiment_name)[1].info.status == expected
+
+
+def test_a_live_run_tags_its_heartbeat(
+    server: MlflowServer, tmp_path: Path, experiment_name: str
+) -> None:
+    backend = AsyncMLflowTracker(experiment_name, server.url)
+    run = AppRun("beating", [backend], spool_dir=str(tmp_path), heartbeat_s=0.1)
+    run.add_metadata(lr=0.1)
+    assert run.flush(60).ok
+
+    def beat() -> Any:
+        tags = the_run(server.url, experiment_name)[1].data.tags
+        return json.loads(tags[TAG_HEARTBEAT]) if TAG_HEARTBEAT in tags else None
+
+    wait_until(lambda: beat() is not None, "the heartbeat tag")
+    assert beat()["interval_s"] == 0.1
+    assert dict(run.metadata()) == {"lr": 0.1}  # not metadata of the user's
+    assert run.close(60).ok
+    assert the_run(server.url, experiment_name)[1].info.status == "FINISHED"

@@ -39,6 +39,7 @@ from async_tracker.backend.mlflow.mapping import (
     INT64_MIN,
     RESERVED_TAG_PREFIXES,
     TAG_ARTIFACT_PREFIX,
+    TAG_HEARTBEAT,
     TAG_SOURCE_PREFIX,
     artifact_problems,
     artifact_tag,
@@ -225,6 +226,17 @@ class AsyncMLflowTracker(AsyncTrackerBase):
                 raise map_error(exc, what) from exc
 
         return await run_blocking(call, endpoint=self.tracking_uri)
+
+    async def heartbeat(self, run_id: str, interval_s: float) -> None:
+        """Tags the run ``async_tracker.heartbeat`` with the time and the interval: one
+        request, only for a run this process writes to (a heartbeat creates no run)."""
+        if run_id in self.runs.writing():
+            await self._blocking("set_tag", self._heartbeat_sync, run_id, interval_s)
+
+    def _heartbeat_sync(self, run_id: str, interval_s: float) -> None:
+        ref = self.runs.for_writing(run_id)
+        beat = dumps({"time": time.time(), "interval_s": interval_s})
+        self.client.set_tag(ref.uuid, TAG_HEARTBEAT, beat)
 
     def _end_sync(self, run_id: str, reason: CloseReason, end_time: float | None) -> None:
         """Ends ``run_id``'s MLflow run as a writer of it: this process may not have written
