@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Literal, TypeAlias
+from typing import TypeAlias
 
 from async_tracker.records import (
     Batch,
@@ -20,10 +20,9 @@ from async_tracker.records import (
     TrackerMetric,
     TrackerSource,
 )
-
-CloseReason: TypeAlias = Literal["finished", "failed", "killed"]
-"""How a run ended: ``finished`` (a clean exit or ``close()``), ``failed`` (the job exits on
-an exception, or a ``with`` block is left by one), ``killed`` (SIGTERM)."""
+from async_tracker.records import (
+    CloseReason as CloseReason,  # re-exported: the backends' name for it
+)
 
 Checked: TypeAlias = "TrackerMetric | Mapping[str, object] | TrackerArtifact | TrackerSource"
 """What :meth:`AsyncTrackerBase.validate` is given: a metric point, the metadata of one
@@ -91,17 +90,26 @@ class AsyncTrackerBase(ABC):
     * ``validate(record)``: refuse at the call site what this backend cannot store.
     * ``map_error(exc)``: map this backend's libraries' errors to the tree of
       :mod:`async_tracker.errors`, which decides retry, keep or drop.
-    * ``end_run(run_id, reason)``: a run is done with this backend (every ``AppRun`` calls it
-      at close, also on backends the user built).
+    * ``end_run(run_id, reason)``: store how the run ended. Every ``AppRun`` seals its end
+      record at close, after everything it accepted; it reaches the backend in the last
+      batch, and ``write_batch`` (the default, and the package's backends) stores it with
+      ``end_run``, last. A backend that is down gets it later, from the spool, like any
+      record.
+    * ``heartbeat(run_id, interval_s)``: a live run says it is alive, every ``interval_s``
+      (readers show a run that stopped saying so without ending as crashed).
     * ``aclose(reason)``: release the backend (called for the backends a run built itself).
 
     ``name`` names the backend in reports, ``status()`` and spool keys (default: class name).
     ``store_url``: where the backend stores runs as a URL that ``async-tracker sync --to``
     takes (the fsspec backend's root), or None: the exit summary names it in its command.
+    ``store_id`` names the store it writes to (``file:///data/runs``): the parts of a batch
+    marked done in one store are written again when the batch is replayed into another
+    (``async-tracker sync --to``). None: unknown, and marks are kept.
     """
 
     name: str | None = None
     store_url: str | None = None
+    store_id: str | None = None
 
     @abstractmethod
     async def add_artifact(
@@ -154,7 +162,8 @@ class AsyncTrackerBase(ABC):
         """Stores one flush. The default replays it through the single-record methods.
 
         Parts already in ``batch.done`` are skipped and each part is marked when stored, so
-        that a retry after a failure half-way never writes a part twice.
+        that a retry after a failure half-way never writes a part twice. The run's end record
+        (``batch.end``), if the batch holds it, is stored last, with :meth:`end_run`.
         """
         if batch.metadata and "metadata" not in batch.done:
             await self.add_metadata(run_id, **batch.metadata)
@@ -172,6 +181,9 @@ class AsyncTrackerBase(ABC):
         if "metrics" not in batch.done and batch.points() and self.supports_metrics:
             await self.add_metrics(run_id, batch.metrics)
             batch.done.add("metrics")
+        if batch.end is not None and END_PART not in batch.done:
+            await self.end_run(run_id, batch.end)
+            batch.done.add(END_PART)
 
     def validate(self, record: Checked) -> None:  # noqa: B027 - optional, not abstract
         """Raises ``TypeError`` or ``ValueError`` naming the key when this backend cannot
@@ -194,14 +206,28 @@ class AsyncTrackerBase(ABC):
         return exc
 
     async def end_run(self, run_id: str, reason: CloseReason) -> None:  # noqa: B027
-        """``run_id`` is done: its ``AppRun`` closed with ``reason``, after its final
-        delivery. Called for every backend of the run, also those the user built (an MLflow
-        run is ended with the matching status). Bounded by the close deadline."""
+        """Stores that ``run_id`` ended with ``reason`` (an MLflow run is ended with the
+        matching status). ``write_batch`` calls it for the run's end record, after every
+        record the run accepted: at close, or later from the spool."""
+
+    async def heartbeat(self, run_id: str, interval_s: float) -> None:  # noqa: B027
+        """Stores that ``run_id`` is alive now and says so every ``interval_s`` seconds.
+        Optional: a lane calls it off the delivery path, bounded, and ignores its failures;
+        readers show a run that never ended and whose heartbeats stopped as crashed."""
 
     async def aclose(self, reason: CloseReason = "finished") -> None:  # noqa: B027
         """Releases the backend's resources; ``reason`` says how the job ended. ``AppRun``
         calls it for the backends the run built itself (from ``TORCHX_TRACKERS``), after
         ``end_run``; close backends you built yourself."""
+
+
+# The done mark of a batch's end record (see AsyncTrackerBase.write_batch).
+END_PART = "end"
+
+
+def has_heartbeat(backend: AsyncTrackerBase) -> bool:
+    """Whether ``backend`` implements :meth:`AsyncTrackerBase.heartbeat`."""
+    return type(backend).heartbeat is not AsyncTrackerBase.heartbeat
 
 
 def backend_name(backend: object) -> str:

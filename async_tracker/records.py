@@ -17,7 +17,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import PurePath
-from typing import NamedTuple
+from typing import Literal, NamedTuple, TypeAlias
 
 from async_tracker.tensors import DeferredValue, scalar_of
 
@@ -72,6 +72,11 @@ class Lineage:
     descendants: list[TrackerSource] = field(default_factory=list)
 
 
+CloseReason: TypeAlias = Literal["finished", "failed", "killed"]
+"""How a run ended: ``finished`` (a clean exit or ``close()``), ``failed`` (the job exits on
+an exception, or a ``with`` block is left by one), ``killed`` (SIGTERM)."""
+
+
 @dataclass
 class Batch:
     """What one flush delivers to one backend, already coalesced.
@@ -87,6 +92,15 @@ class Batch:
     ``done`` holds the parts already stored: a retry skips them (see
     :meth:`AsyncTrackerBase.write_batch`). ``names`` holds object names a backend chose at
     its first attempt, for a batch made without a key. Each lane gets its own copy.
+
+    ``end`` is the run's end record: how the run ended (sealed at close, after every record
+    the run accepted, so it is always in the last batch), and ``end_time`` when (seconds
+    since the epoch). It is part of the log like any record (spooled and replayed with the
+    rest) but not one of ``records``, which counts what the user logged. Backends store it
+    last, after the batch's other parts (see :meth:`AsyncTrackerBase.write_batch`).
+
+    ``done_for`` names the store the ``done`` marks were made in (the backend's
+    ``store_id``): replayed into another store, the batch is written whole again.
     """
 
     seq: int
@@ -102,6 +116,9 @@ class Batch:
     # When each metadata key was written (ns since the epoch, the call's time): backends that
     # many processes write to order a key's writes by it.
     metadata_ns: dict[str, int] = field(default_factory=dict)
+    end: CloseReason | None = None
+    end_time: float = 0.0
+    done_for: str | None = None
 
     def for_lane(self) -> Batch:
         """A copy sharing the (read-only) data, with its own progress."""
@@ -115,10 +132,14 @@ class Batch:
             first=self.first,
             key=self.key,
             metadata_ns=self.metadata_ns,
+            end=self.end,
+            end_time=self.end_time,
         )
 
     def is_empty(self) -> bool:
-        return not (self.metadata or self.artifacts or self.sources or self.points())
+        return not (
+            self.metadata or self.artifacts or self.sources or self.points() or self.end
+        )
 
     def points(self) -> int:
         """How many metric points it holds."""
@@ -215,7 +236,7 @@ class PointsBatch(Batch):
         return held if isinstance(held, MetricColumns) else None
 
     def for_lane(self) -> Batch:
-        if self._metrics is not None or self._held is None:
+        if self._metrics is not None or self._held is None or self.end is not None:
             return super().for_lane()
         return PointsBatch(self.seq, self._held, first=self.first, key=self.key)
 

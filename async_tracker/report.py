@@ -3,6 +3,10 @@
 Counts are records accepted by ``AppRun`` (one ``add_metadata`` call, one metric point ...),
 counted once per backend that takes them: a point sent to two backends counts twice.
 They cover the whole life of the run, not just the last call.
+
+The run's end record (how it ended, sealed at close) is not one of them: the counts add up to
+what was logged. Where it waits is told apart (``end_pending``, ``end_spooled``), and a
+report is ``ok`` only once every backend has it.
 """
 
 from __future__ import annotations
@@ -30,6 +34,9 @@ class BackendStatus:
     shed: int = 0  # metrics dropped by the drop_oldest overflow policy (counted in dropped)
     # What was dropped for good and why: records a backend refused, damaged spool lines.
     refused: tuple[str, ...] = ()
+    # End records not delivered: in memory (lost at exit), and on disk.
+    end_pending: int = 0
+    end_spooled: int = 0
 
 
 @dataclass(frozen=True)
@@ -56,7 +63,9 @@ class FlushReport:
     policy dropped. ``blocked_writes`` and ``blocked_s``: the writes the ``block`` overflow
     policy held back, and how long they waited in all. ``errors``: the last error of each
     backend that has one. ``refused``: per backend, what was dropped for good and why.
-    ``ok`` is true when everything accepted so far is delivered.
+    ``end_pending`` and ``end_spooled``: backends that do not have the run's end status yet
+    (it waits in memory, or in the spool), counted apart from the records. ``ok`` is true
+    when everything accepted so far is delivered, the end status included.
     """
 
     delivered: int = 0
@@ -70,10 +79,19 @@ class FlushReport:
     spool_paths: dict[str, str] = field(default_factory=dict)
     timed_out: bool = False
     refused: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    end_pending: int = 0
+    end_spooled: int = 0
 
     @property
     def ok(self) -> bool:
-        return self.pending == 0 and self.spooled == 0 and self.dropped == 0 and not self.errors
+        return (
+            self.pending == 0
+            and self.spooled == 0
+            and self.dropped == 0
+            and not self.errors
+            and self.end_pending == 0
+            and self.end_spooled == 0
+        )
 
     @classmethod
     def from_status(cls, status: TrackerStatus, timed_out: bool = False) -> FlushReport:
@@ -95,12 +113,24 @@ class FlushReport:
                 and (
                     s.dropped
                     or not s.healthy
-                    or (timed_out and (s.buffered or s.in_flight or s.spooled))
+                    or (
+                        timed_out
+                        and (
+                            s.buffered or s.in_flight or s.spooled or s.end_pending
+                            or s.end_spooled
+                        )
+                    )
                 )
             },
-            spool_paths={s.name: s.spool_path for s in b if s.spool_path and s.spooled},
+            spool_paths={
+                s.name: s.spool_path
+                for s in b
+                if s.spool_path and (s.spooled or s.end_spooled)
+            },
             timed_out=timed_out,
             refused={s.name: s.refused for s in b if s.refused},
+            end_pending=sum(s.end_pending for s in b),
+            end_spooled=sum(s.end_spooled for s in b),
         )
 
     def summary(self, run_id: str, stores: Mapping[str, str] | None = None) -> str:
@@ -117,8 +147,14 @@ class FlushReport:
             counts.append(f"{self.pending} left in memory (lost at exit)")
         if self.dropped:
             counts.append(f"{self.dropped} dropped")
+        if self.end_spooled:
+            counts.append("its end status spooled")
+        if self.end_pending:
+            counts.append("its end status left in memory")
+        records = self.pending or self.spooled or self.dropped
+        what = "records" if records else "its end status"
         lines = [
-            f"async_tracker: run {run_id!r} ended with records not delivered: "
+            f"async_tracker: run {run_id!r} ended with {what} not delivered: "
             + ", ".join(counts)
             + (" (close timed out)" if self.timed_out else "")
         ]

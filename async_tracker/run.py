@@ -188,6 +188,12 @@ class AppRun:
         strict: ``close()`` raises :class:`DeliveryError` when its report is not ok.
         system_metrics: seconds between samples of CPU, memory and GPU use, logged under
             ``system/`` (see :mod:`async_tracker.system_metrics`); None or 0: none.
+        heartbeat_s: seconds between heartbeats of the live run in its stores (default 30;
+            0: none): a run that dies without ending (SIGKILL) then reads as crashed.
+
+    Closing seals the run's end record (finished, failed or killed) after everything it
+    accepted; it is delivered, or spooled, like the rest. A run that never wrote anything
+    never started its pipeline: its close sends nothing (no store holds such a run).
     """
 
     def __init__(
@@ -206,11 +212,13 @@ class AppRun:
         retry: RetryPolicy | None = None,
         strict: bool | None = None,
         system_metrics: float | None = None,
+        heartbeat_s: float | None = None,
         options: RunOptions | None = None,
         _backend_names: Sequence[str] | None = None,
         _owns_backends: bool = False,
         _read_only: bool = False,
         _last_steps: Mapping[str, int] | None = None,
+        _replay: bool = False,
     ) -> None:
         check_name(id, "run id")
         check_run_id(id)
@@ -228,6 +236,7 @@ class AppRun:
             "retry": retry,
             "strict": strict,
             "system_metrics": system_metrics,
+            "heartbeat_s": heartbeat_s,
         }
         base = options or RunOptions()
         self.options = RunOptions(
@@ -240,6 +249,10 @@ class AppRun:
             else [backend_name(b) for b in self._async_backends]
         )
         self._owns_backends = _owns_backends
+        # Whether close seals the run's end record. Not for a replay of a spool (sync), which
+        # delivers what runs recorded, their end records included; nor for another run seen
+        # for reading (its own job ends it).
+        self._ends_run = not (_replay or _read_only)
         # A resumed run's last step of each metric: step-less points continue after it.
         self._last_steps = dict(_last_steps or {})
         # The backends that check records at the call site (see AsyncTrackerBase.validate).
@@ -468,6 +481,7 @@ class AppRun:
                     set_hot=self._set_hot,
                     last_steps=self._last_steps,
                     io=process.spool_io,
+                    ends_run=self._ends_run,
                 )
                 # Registration runs on the loop (the lanes become its tasks); we do not wait
                 # for it: records appended meanwhile simply wait in the buffer.

@@ -33,6 +33,10 @@ PACKED_PAUSE_S = 0.005
 CLOSE_SLACK_S = 0.5
 # What close() may add to its deadline to write undelivered records to the spool.
 SPOOL_GRACE_S = 0.25
+# Seconds between a live run's heartbeats in its stores (0: none): readers show a run that
+# never ended and whose heartbeats are older than CRASHED_AFTER_BEATS intervals as crashed.
+DEFAULT_HEARTBEAT_S = 30.0
+CRASHED_AFTER_BEATS = 3
 # How long SIGTERM waits for a flush before the previous handler runs.
 DEFAULT_SIGTERM_GRACE_S = 5.0
 # Worker threads for blocking calls (async_tracker/runtime/threads.py), shared by the process:
@@ -71,6 +75,8 @@ class RunOptions:
     # Seconds between samples of CPU, memory and GPU use, logged as metrics under system/
     # (see system_metrics.py); None or 0: none.
     system_metrics: float | None = None
+    # Seconds between heartbeats of the run in its stores (see DEFAULT_HEARTBEAT_S); 0: none.
+    heartbeat_s: float = DEFAULT_HEARTBEAT_S
 
     def __post_init__(self) -> None:
         if not self.flush_interval > 0:
@@ -91,6 +97,10 @@ class RunOptions:
             )
         if not self.close_timeout >= 0:
             raise ValueError(f"close_timeout must be >= 0 seconds, got {self.close_timeout!r}")
+        if not self.heartbeat_s >= 0:
+            raise ValueError(
+                f"heartbeat_s must be >= 0 seconds (0: off), got {self.heartbeat_s!r}"
+            )
         if self.system_metrics is not None and not self.system_metrics >= 0:
             raise ValueError(
                 f"system_metrics must be >= 0 seconds (0: off), got {self.system_metrics!r}"
@@ -114,7 +124,10 @@ class RunOptions:
 def _parse(name: str, raw: str) -> object:
     var = ENV_PREFIX + name.upper()
     try:
-        if name in ("flush_interval", "close_timeout", "overflow_timeout", "system_metrics"):
+        if name in (
+            "flush_interval", "close_timeout", "overflow_timeout", "system_metrics",
+            "heartbeat_s",
+        ):
             return float(raw)
         if name in ("batch_size", "max_buffered"):
             return int(raw)

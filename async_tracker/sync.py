@@ -63,7 +63,16 @@ def sync_spool(
                 bar.write(f"{run_id} -> {backend_dir}: no such tracker configured", file=out)
                 bar.update()
                 continue
-            run = AppRun(run_id, [tracker], spool_dir=str(spool_dir), _backend_names=[name])
+            # A replay: it seals no end record of its own (the job's, spooled, is replayed),
+            # and beats no heartbeat (the job's run is not alive again).
+            run = AppRun(
+                run_id,
+                [tracker],
+                spool_dir=str(spool_dir),
+                heartbeat_s=0,
+                _backend_names=[name],
+                _replay=True,
+            )
             run.flush(timeout)
             report = run.close(timeout if timeout is not None else 60.0)
             result.reports[(run_id, name)] = report

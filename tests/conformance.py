@@ -48,7 +48,7 @@ from async_tracker import (
     TrackerSource,
     TransientBackendError,
 )
-from async_tracker.base import Checked, CloseReason
+from async_tracker.base import END_PART, Checked, CloseReason
 from async_tracker.errors import classify
 
 T0 = 1_700_000_000.0  # a fixed, whole-second epoch time for points written directly
@@ -525,9 +525,50 @@ class BackendConformance:
         assert classify(backend.map_error(RuntimeError("unknown"))) != "record"
 
     @pytest.mark.parametrize("reason", ["finished", "failed", "killed"])
+    async def test_the_end_record_is_stored_last_by_write_batch(
+        self, backend: AsyncTrackerBase, run_id: str, reason: CloseReason
+    ) -> None:
+        batch = Batch(
+            1,
+            metadata={"phase": "end"},
+            metrics=[pt("loss", 1.0, 0, 0)],
+            records=2,
+            first=0,
+            key=f"{1795000000000000000:019d}-{1795000000000000000:019d}x1a-{1:012d}",
+            end=reason,
+            end_time=1795000000.0,
+        )
+        await backend.write_batch(run_id, batch)
+        assert END_PART in batch.done
+        await backend.write_batch(run_id, batch)  # a retry: nothing left to do, no error
+        assert dict(await backend.metadata(run_id)) == {"phase": "end"}
+        assert [p.step for p in (await backend.metrics(run_id))["loss"]] == [0]
+        assert await stored_end(backend, run_id) in (None, reason)
+
+    async def test_a_closed_run_tells_the_backend_how_it_ended(
+        self, backend: AsyncTrackerBase, run_id: str
+    ) -> None:
+        run = AppRun(run_id, [backend], flush_interval=3600, heartbeat_s=0)
+        run.log_metric("loss", 1.0, step=0)
+        report = await run.aclose(reason="killed")
+        assert report.ok and report.delivered == 1, report
+        assert await stored_end(backend, run_id) in (None, "killed")
+
+    @pytest.mark.parametrize("reason", ["finished", "failed", "killed"])
     async def test_end_run_takes_every_reason_and_keeps_what_was_stored(
         self, backend: AsyncTrackerBase, run_id: str, reason: CloseReason
     ) -> None:
         await backend.add_metrics(run_id, [pt("loss", 1.0, 0, 0)])
         await backend.end_run(run_id, reason)
         assert [p.step for p in (await backend.metrics(run_id))["loss"]] == [0]
+
+
+async def stored_end(backend: AsyncTrackerBase, run_id: str) -> str | None:
+    """How the backend says ``run_id`` ended, where it can say (``run_status``, the memory
+    backend's ``ended``); None where it cannot."""
+    read = getattr(backend, "run_status", None)
+    if callable(read):
+        status = await read(run_id)
+        return status[0] if isinstance(status, tuple) else status  # type: ignore[no-any-return]
+    ended = getattr(backend, "ended", None)
+    return ended(run_id) if callable(ended) else None  # type: ignore[no-any-return]

@@ -295,6 +295,9 @@ class FaultyTracker(AsyncTrackerBase):
     async def metrics(self, run_id: str) -> Mapping[str, Sequence[TrackerMetric]]:
         return await self._invoke("metrics", self.inner.metrics, run_id)  # type: ignore[no-any-return]
 
+    async def end_run(self, run_id: str, reason: CloseReason) -> None:
+        await self._invoke("end_run", self.inner.end_run, run_id, reason)
+
     async def write_batch(self, run_id: str, batch: Batch) -> None:
         # The base class's replay, so that faults on the single-record methods hit the parts.
         await self._invoke("write_batch", super().write_batch, run_id, batch)

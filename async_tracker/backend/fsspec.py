@@ -83,7 +83,7 @@ from async_tracker.backend.errors import (
     is_network_failure,
     map_group,
 )
-from async_tracker.base import AsyncTrackerBase, Checked, CloseReason
+from async_tracker.base import END_PART, AsyncTrackerBase, Checked, CloseReason
 from async_tracker.errors import (
     BackendError,
     PermanentBackendError,
@@ -102,6 +102,7 @@ from async_tracker.records import (
 )
 from async_tracker.runtime.loop import wait_future
 from async_tracker.runtime.process import run_blocking
+from async_tracker.settings import CRASHED_AFTER_BEATS
 
 if sys.version_info < (3, 11):  # pragma: no cover - 3.10
     from exceptiongroup import BaseExceptionGroup
@@ -127,6 +128,12 @@ TMP_DIR = ".tmp"
 STATUS_DIR = "status"
 # When several processes end one run, the worst ending wins: a failed rank fails the run.
 _STATUS_RANK = {"finished": 0, "killed": 1, "failed": 2}
+# A live run's heartbeat, one file per writing process: ``{"time": .., "interval_s": ..}``.
+# A run that never ended and whose every heartbeat is older than CRASHED_AFTER_BEATS of its
+# intervals reads as crashed (not a run part either).
+HEARTBEAT_DIR = "heartbeat"
+# The writer token in a batch key "<19-digit time>-<token>-<seq>[.part...]".
+_KEY_TOKEN = re.compile(r"\d{19}-(\d{19}x[0-9a-f]+)-")
 # What makes a directory a run's: any record the run wrote itself. A directory holding only
 # ``descendants/`` is the other end of an edge (a data set, a parent in another store).
 # The run's claim: a small JSON file that its creator writes by an atomic create-if-absent
@@ -577,6 +584,8 @@ class AsyncFsspecTracker(AsyncTrackerBase):
         url = fs.unstrip_protocol(self.root_dir)
         self.store_url: str | None = url
         self._storage = _Storage(fs, url)
+        # The store's identity: parts of a batch done here are not done elsewhere.
+        self.store_id = url
 
     def _run_dir(self, run_id: str) -> str:
         return posixpath.join(self.root_dir, encode_run_id(run_id))
@@ -620,12 +629,11 @@ class AsyncFsspecTracker(AsyncTrackerBase):
         (fsspec caches and shares its instances across the process)."""
 
     async def end_run(self, run_id: str, reason: CloseReason) -> None:
-        """Records how the run ended in ``status/<writer token>.json``: one file per process,
-        so ranks ending one run never overwrite each other (a resumed run in the same
-        process overwrites its own, the latest ending being the true one)."""
-        path = self._path(run_id, STATUS_DIR, f"{_names.token}.json")
-        with _mapped(f"write of run {run_id!r}"):
-            await self._put_json(run_id, path, {"status": reason, "time": time.time()})
+        """Records how the run ended, now, in ``status/<writer token>.json`` (this process's
+        token). The end record of a batch is written by :meth:`write_batch`, named by the
+        token of the pipeline that sealed it and stamped with its time: a replay of it
+        (another process, ``async-tracker sync``) overwrites, never adds an ending."""
+        await self._write_status(run_id, reason, time.time(), _names.token)
 
     async def claim_run(self, run_id: str, claim: Mapping[str, object]) -> bool:
         """Claims ``run_id`` by creating its ``claim.json`` (holding ``claim``) if absent, in
@@ -652,15 +660,42 @@ class AsyncFsspecTracker(AsyncTrackerBase):
             ) from None
         return not RUN_PARTS.isdisjoint(name for name, _ in entries)
 
-    async def run_status(self, run_id: str) -> tuple[str, float | None]:
+    async def _write_status(
+        self, run_id: str, reason: CloseReason, when: float, writer: str
+    ) -> None:
+        # One file per writer, so ranks ending one run never overwrite each other.
+        path = self._path(run_id, STATUS_DIR, f"{writer}.json")
+        with _mapped(f"write of run {run_id!r}"):
+            await self._put_json(run_id, path, {"status": reason, "time": when})
+
+    async def heartbeat(self, run_id: str, interval_s: float) -> None:
+        """Writes ``heartbeat/<writer token>.json``: the time now and the interval, which
+        readers need to tell a live run from a crashed one (see :meth:`run_status`)."""
+        path = self._path(run_id, HEARTBEAT_DIR, f"{_names.token}.json")
+        with _mapped(f"write of run {run_id!r}"):
+            await self._put_json(run_id, path, {"time": time.time(), "interval_s": interval_s})
+
+    async def run_status(
+        self, run_id: str, now: float | None = None
+    ) -> tuple[str, float | None]:
         """How the run ended and when: ``failed`` if any writer failed, else ``killed`` if
-        any was killed, else ``finished`` (the time of the latest such ending); ``running``
-        and None while no writer has ended it (or one died without saying)."""
+        any was killed, else ``finished`` (the time of the latest such ending). A run no
+        writer ended is ``running`` (time None), or ``crashed`` (time: its last heartbeat)
+        when it has heartbeats and every one is older than ``CRASHED_AFTER_BEATS`` of its
+        intervals at ``now`` (default: the wall clock). A run without heartbeats (torchx's,
+        or one written with heartbeats off) stays ``running``."""
         skipped = _Skipped()
         parsed = await self._parsed(self._path(run_id, STATUS_DIR), _parse_status, skipped)
-        skipped.warn()
         if not parsed:
+            beats = await self._parsed(
+                self._path(run_id, HEARTBEAT_DIR), _parse_heartbeat, skipped
+            )
+            skipped.warn()
+            now = time.time() if now is None else now
+            if beats and all(now - t > CRASHED_AFTER_BEATS * every for _, (t, every) in beats):
+                return "crashed", max(t for _, (t, _) in beats)
             return "running", None
+        skipped.warn()
         worst = max(_STATUS_RANK[s] for _, (s, _) in parsed)
         times = [t for _, (s, t) in parsed if _STATUS_RANK[s] == worst]
         return next(s for s, r in _STATUS_RANK.items() if r == worst), max(times)
@@ -690,6 +725,13 @@ class AsyncFsspecTracker(AsyncTrackerBase):
         if "metrics" not in batch.done and batch.points():
             await self._write_segment(run_id, batch.metric_rows(), batch.names, batch.key)
             batch.done.add("metrics")
+        if batch.end is not None and END_PART not in batch.done:
+            # Last: the run's end follows everything it recorded.
+            found = _KEY_TOKEN.match(batch.key)
+            writer = found.group(1) if found else _names.token
+            when = batch.end_time or time.time()
+            await self._write_status(run_id, batch.end, when, writer)
+            batch.done.add(END_PART)
 
     async def _write_metadata(
         self,
@@ -1052,6 +1094,14 @@ def _parse_status(_: str, data: bytes) -> tuple[str, float]:
     if status not in _STATUS_RANK:
         raise ValueError(f"unknown status {status!r}")
     return status, when
+
+
+def _parse_heartbeat(_: str, data: bytes) -> tuple[float, float]:
+    content = json.loads(data)
+    when, every = float(content["time"]), float(content["interval_s"])
+    if not every > 0:
+        raise ValueError(f"heartbeat interval {every!r} is not > 0")
+    return when, every
 
 
 def _parse_artifact(data: bytes) -> TrackerArtifact:

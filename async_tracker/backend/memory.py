@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from async_tracker.base import AsyncTrackerBase
+from async_tracker.base import AsyncTrackerBase, CloseReason
 from async_tracker.records import (
     Batch,
     Lineage,
@@ -37,6 +37,8 @@ class _Run:
     # (name, step, time) once, as a backend keyed by them would: the writes cost the
     # flusher nothing per point, the deduplication is paid by the (rare) reads.
     rows: list[MetricRow] = field(default_factory=list)
+    # How the run ended (its end record), None while it has not.
+    ended: CloseReason | None = None
 
     def points(self, name: str | None = None) -> list[TrackerMetric]:
         """The points of ``name`` (default: every name), each stored once, ordered by step
@@ -126,6 +128,14 @@ class InMemoryTracker(AsyncTrackerBase):
         if run is None:
             return {}
         return run.by_name()
+
+    async def end_run(self, run_id: str, reason: CloseReason) -> None:
+        self._run(run_id).ended = reason
+
+    def ended(self, run_id: str) -> CloseReason | None:
+        """How ``run_id`` ended (its end record), None while it has not."""
+        run = self.runs.get(run_id)
+        return None if run is None else run.ended
 
     async def write_batch(self, run_id: str, batch: Batch) -> None:
         # The points as the batch holds them (no TrackerMetric per point: reads make them);

@@ -56,7 +56,7 @@ from typing import Any, TypeVar
 
 from async_tracker.adapters import SyncTracker
 from async_tracker.backend.errors import errno_error, map_group
-from async_tracker.base import AsyncTrackerBase, Checked, CloseReason
+from async_tracker.base import END_PART, AsyncTrackerBase, Checked, CloseReason
 from async_tracker.errors import (
     BackendError,
     PermanentBackendError,
@@ -364,9 +364,16 @@ class AsyncTensorBoardTracker(AsyncTrackerBase):
     # -- writes ---------------------------------------------------------------------------------
     async def write_batch(self, run_id: str, batch: Batch) -> None:
         """Stores one flush: a side file for its metadata, artifacts and sources (and one in
-        each parent's folder), then one append of its scalars and text summaries."""
+        each parent's folder), then one append of its scalars and text summaries; last, the
+        run's end record if it holds it (see :meth:`end_run`)."""
         try:
             await self._blocking(self._write_batch, run_id, batch)
+            if batch.end is not None and END_PART not in batch.done:
+                # This process delivers the run's end: it ends the run (a sync process may
+                # not have written to it before).
+                self._state(run_id)
+                await self.end_run(run_id, batch.end)
+                batch.done.add(END_PART)
         except Exception as exc:
             raise map_error(exc, f"write of run {run_id!r}") from exc
 

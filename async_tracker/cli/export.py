@@ -60,7 +60,9 @@ def cmd_export_tensorboard(args: argparse.Namespace) -> int:
     for run_id, batch, ended in runs:
         loop.call(writer.write_batch, run_id, batch)
         status = ended[0] if ended else "running"
-        if status != "running":  # a run still going gets no ending it did not have
+        # A run still going gets no ending it did not have; nor does a crashed one (it never
+        # ended: TensorBoard's reader knows only the endings a run records).
+        if status in ("finished", "failed", "killed"):
             loop.call(writer.end_run, run_id, status)
         exported.append(
             {"run_id": run_id, "logdir": writer.logdir(run_id), "points": batch.points()}

@@ -20,8 +20,11 @@ Without ``run=``, it logs where the Lightning logger would: the torchx job's run
 
 from __future__ import annotations
 
+import atexit
 import logging
 import os
+import threading
+import weakref
 from typing import Any
 
 from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
@@ -51,6 +54,9 @@ class AsyncTrackerCallback(TrainerCallback):
       step), and ``state.best_model_checkpoint`` as ``checkpoint/best`` once there is one.
     - ``on_train_end``: closes a run the callback opened, as finished (a run that is not its
       own gets what waits in it delivered). A later ``trainer.evaluate()`` reopens it, resumed.
+    - A training that raised (``Trainer.train()`` never reached ``on_train_end``): the run the
+      callback opened is closed as failed when the process exits, even when the caller
+      caught the exception; a later ``trainer.train()`` that ends well makes it finished.
 
     Args:
         run, project, name, dir, init_options: as for the Lightning logger: a run of yours,
@@ -73,6 +79,9 @@ class AsyncTrackerCallback(TrainerCallback):
         self._handle = RunHandle(run, project, name, dir, init_options, "transformers")
         self._all_ranks = all_ranks
         self._warned: set[str] = set()
+        # A training under way: on_train_begin came, on_train_end not yet. Transformers has no
+        # hook for a train() that raises, so a training still under way at exit failed.
+        self._training = False
 
     @property
     def run(self) -> AppRun | None:
@@ -92,6 +101,8 @@ class AsyncTrackerCallback(TrainerCallback):
     ) -> None:
         if not self._logs_here(state):
             return
+        self._training = True
+        _watch(self)
         params: dict[str, Any] = {}
         config = getattr(model, "config", None)
         if config is not None and callable(getattr(config, "to_dict", None)):
@@ -146,7 +157,41 @@ class AsyncTrackerCallback(TrainerCallback):
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
     ) -> None:
         if self._logs_here(state):
+            self._training = False
             self._handle.finish("finished")
+
+    def _finish_failed(self) -> None:
+        """At exit: a training that never ended raised; a run of ours ends as failed."""
+        if self._training:
+            self._training = False
+            self._handle.finish("failed")
+
+
+# The callbacks whose training began, for the exit hook (weakly: a callback dropped with its
+# Trainer needs no ending from us; its run's own exit hook closes it).
+_watched: weakref.WeakSet[AsyncTrackerCallback] = weakref.WeakSet()
+_watch_lock = threading.Lock()
+_hook_registered = False
+
+
+def _watch(callback: AsyncTrackerCallback) -> None:
+    """Registers the exit hook once, at the first training: registered after the tracker's own
+    (which imports ran first), it runs before it (atexit is last in, first out), and closes
+    the runs of failed trainings with their reason before the tracker closes the rest."""
+    global _hook_registered
+    with _watch_lock:
+        _watched.add(callback)
+        if not _hook_registered:
+            atexit.register(_finish_failed_trainings)
+            _hook_registered = True
+
+
+def _finish_failed_trainings() -> None:
+    for callback in list(_watched):
+        try:
+            callback._finish_failed()
+        except Exception:  # an exit hook must not stop the others
+            logger.exception("async_tracker: ending a failed training's run")
 
 
 __all__ = ["AsyncTrackerCallback"]

@@ -22,6 +22,7 @@ from collections.abc import Sequence
 from async_tracker.ingress import ARTIFACT, METADATA, Record
 from async_tracker.records import (
     Batch,
+    CloseReason,
     MetricColumns,
     PointsBatch,
     TrackerArtifact,
@@ -96,6 +97,14 @@ class Cutter:
             self.last_step[name] = steps[n - 1 - at]
         return batch
 
+    def cut_end(self, reason: CloseReason, when: float) -> Batch:
+        """The run's end record, as the last batch: numbered after every record (a replay
+        then sends it after them, and its ack covers it), but no record of the user's:
+        ``records`` stays 0, so that counts add up to what was logged."""
+        seq = self.next_seq
+        self.next_seq = seq + 1
+        return Batch(seq, first=seq, key=self._key(seq), end=reason, end_time=when)
+
     def _mixed(self, records: Sequence[Record], batch: Batch) -> None:
         metadata = batch.metadata
         artifacts = batch.artifacts
@@ -129,20 +138,24 @@ class Cutter:
 
 
 def items(batch: Batch) -> int:
-    """How many separately storable items a batch holds (what a split can separate)."""
-    return len(batch.metadata) + len(batch.artifacts) + len(batch.sources) + batch.points()
+    """How many separately storable items a batch holds (what a split can separate); the
+    end record is one, so that a refused record never takes it along."""
+    data = len(batch.metadata) + len(batch.artifacts) + len(batch.sources) + batch.points()
+    return data + (batch.end is not None)
 
 
 def split(batch: Batch) -> list[Batch]:
-    """Two halves of a batch (by items: metadata keys, artifacts, sources, metric points), to
-    find the item a backend refuses; [] for a batch of one item. Each half keeps the batch's
-    numbers. Records are shared out in proportion to items, so that the halves add up to the
-    batch: exact for metrics (a point is a record), a share for metadata, where one call may
-    have set several keys."""
+    """Two halves of a batch (by items: metadata keys, artifacts, sources, metric points, and
+    last the end record), to find the item a backend refuses; [] for a batch of one item.
+    Each half keeps the batch's numbers. Records are shared out in proportion to items, so
+    that the halves add up to the batch: exact for metrics (a point is a record), a share for
+    metadata, where one call may have set several keys. The end record, which is no record,
+    goes to the second half."""
     n = items(batch)
     if n <= 1:
         return []
     cut = n // 2
+    data = n - (batch.end is not None)  # the items that hold records
     parts: list[Batch] = []
     for i, (lo, hi) in enumerate(((0, cut), (cut, n))):
         part = Batch(batch.seq, first=batch.first, key=f"{batch.key}.{i}")
@@ -164,6 +177,7 @@ def split(batch: Batch) -> list[Batch]:
         m0 = len(batch.metadata) + len(batch.artifacts) + len(batch.sources)
         part.metrics = batch.metrics[max(0, lo - m0) : max(0, hi - m0)]
         parts.append(part)
-    parts[0].records = batch.records * cut // n
+    parts[1].end, parts[1].end_time = batch.end, batch.end_time
+    parts[0].records = batch.records * min(cut, data) // data if data else 0
     parts[1].records = batch.records - parts[0].records
     return parts

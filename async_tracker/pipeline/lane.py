@@ -39,7 +39,7 @@ from pathlib import Path
 
 import anyio
 
-from async_tracker.base import AsyncTrackerBase
+from async_tracker.base import AsyncTrackerBase, has_heartbeat
 from async_tracker.clock import Clock
 from async_tracker.errors import RecordError, classify
 from async_tracker.pipeline.cutter import split
@@ -75,6 +75,10 @@ class Entry:
     last: bool = True  # False for the parts of a split batch but its last: no ack, no line
     part: bool = False  # a part of a split batch (never spilled on its own: it is the head)
     dropped: int = 0  # records a backend refused for good, counted when the entry is done
+    # End records it holds (see Batch.end): not records, so counted apart. For a segment not
+    # read yet, a guess (one if it holds no record: only an end record makes such a line);
+    # exact once read.
+    ends: int = 0
 
 
 @dataclass
@@ -100,6 +104,7 @@ class Lane:
         overflow: OverflowPolicy = "spool",
         segment_records: int = 500_000,
         rng: random.Random | None = None,
+        heartbeat_s: float = 0.0,
     ) -> None:
         self.run_id = run_id
         self.name = name
@@ -113,11 +118,16 @@ class Lane:
         self.segment_records = segment_records
         self.rng = rng or random.Random()  # the run's (shared by its lanes), or one of its own
         self.takes_metrics = backend.supports_metrics
+        # Seconds between heartbeats; 0: none (also for backends without the method).
+        self.heartbeat_s = heartbeat_s if has_heartbeat(backend) else 0.0
         self.log: deque[Entry] = deque()
         # Counters, in records. Every record put in the lane is in exactly one of: memory
         # (not on disk), disk (undelivered, on disk), delivered, dropped.
         self.memory = 0
         self.disk = 0
+        # End records (see Batch.end), apart from the records: in memory only, and on disk.
+        self.ends_memory = 0
+        self.ends_disk = 0
         self.delivered = 0
         self.dropped = 0
         self.shed = 0  # dropped by the drop_oldest policy (part of dropped)
@@ -171,8 +181,12 @@ class Lane:
             mine.metrics = []
         if mine.is_empty():
             return
-        self.log.append(Entry(mine.first, mine.seq, mine.records, self.clock.now(), mine))
+        ends = int(mine.end is not None)
+        self.log.append(
+            Entry(mine.first, mine.seq, mine.records, self.clock.now(), mine, ends=ends)
+        )
         self.memory += mine.records
+        self.ends_memory += ends
         if self.overflow == "drop_oldest" and self.memory > self.memory_limit:
             self._shed()
         self._work.set()
@@ -238,20 +252,45 @@ class Lane:
             spool_path=self.spool.path,
             shed=self.shed,
             refused=tuple(self.refused),
+            end_pending=self.ends_memory,
+            end_spooled=self.ends_disk,
         )
 
     # -- the tasks ------------------------------------------------------------------------------
     async def run(self) -> None:
-        """The lane's two tasks, until close() stops them."""
+        """The lane's two tasks (and the heartbeat, if any), until close() stops them."""
         self.bind()
         self._running = True
         try:
             with self._scope:
                 async with anyio.create_task_group() as tg:
                     tg.start_soon(self._supervised, self._spill_forever, self._spill_scope)
+                    if self.heartbeat_s > 0:
+                        tg.start_soon(self._heartbeat_forever)
                     await self._supervised(self._deliver_forever, self._deliver_scope)
         finally:
             self._ended.set()
+
+    async def _heartbeat_forever(self) -> None:
+        """Tells the backend the run is alive, every ``heartbeat_s``, until close stops the
+        lane. A task of its own, beside delivery: each call is bounded by the interval and
+        its failures are ignored (logged at debug level), so that a store that is slow or
+        down costs delivery nothing. It stops once the run closes (its end record says the
+        rest)."""
+        while True:
+            with self.clock.move_on_after(self.heartbeat_s):
+                try:
+                    await self.backend.heartbeat(self.run_id, self.heartbeat_s)
+                except Exception as exc:
+                    logger.debug(
+                        "async_tracker: heartbeat of run %r on %s failed: %s",
+                        self.run_id, self.name, describe(exc),
+                    )
+            if self.deadline is not None:
+                return  # closing
+            await self.clock.sleep(self.heartbeat_s)
+            if self.deadline is not None:
+                return
 
     async def _supervised(
         self, task: Callable[[], Awaitable[None]], scope: anyio.CancelScope
@@ -341,7 +380,17 @@ class Lane:
 
     async def _deliver(self, run_id: str, batch: Batch) -> None:
         """One write of the backend, its failure as the backend maps it (map_error): the
-        lane decides retry, keep or drop by what the mapped error is."""
+        lane decides retry, keep or drop by what the mapped error is.
+
+        The batch's done marks are for the store that took those parts (``done_for``): a
+        batch replayed into another store (``sync --to``) is written whole there. Marks whose
+        store is unknown (either side without a ``store_id``) are kept: that is a replay into
+        the same backend, the common case, where writing twice would duplicate."""
+        store = self.backend.store_id
+        if batch.done and store is not None and batch.done_for not in (None, store):
+            batch.done.clear()
+        if store is not None:
+            batch.done_for = store
         try:
             await self.backend.write_batch(run_id, batch)
         except Exception as exc:
@@ -376,7 +425,7 @@ class Lane:
                 Entry(
                     part.first, part.seq, part.records, entry.since, part,
                     entry.segment, entry.lines, entry.token, last=entry.last and i == 0,
-                    part=True,
+                    part=True, ends=int(part.end is not None),
                 )
             )
         return False
@@ -415,8 +464,10 @@ class Lane:
         self.dropped += entry.dropped
         if entry.segment is None:
             self.memory -= entry.records
+            self.ends_memory -= entry.ends
         else:
             self.disk -= entry.records
+            self.ends_disk -= entry.ends
         if not self.log:
             self._spool_failing = False  # a failed spool write holds nothing back any more
         self._signal_progress()
@@ -468,10 +519,14 @@ class Lane:
         for dead in found:
             self._adopted[dead.token] = _Adoption(dead.ack, {s.path for s in dead.segments})
             for seg in dead.segments:
+                # A segment of no record holds end records only (one, as a rule).
+                ends = int(seg.records == 0)
                 adopted.append(
-                    Entry(seg.first, seg.seq, seg.records, now, None, seg, None, dead.token)
+                    Entry(seg.first, seg.seq, seg.records, now, None, seg, None, dead.token,
+                          ends=ends)
                 )
                 self.disk += seg.records
+                self.ends_disk += ends
                 self.adopted += seg.records
         if adopted:
             logger.info(
@@ -490,6 +545,7 @@ class Lane:
             self._lost(entry, entry.records, f"spool segment {segment.path.name} unreadable")
             self.log.popleft()
             self.disk -= entry.records
+            self.ends_disk -= entry.ends
             self._left.pop(segment.path, None)
             self._signal_progress()
             return
@@ -511,9 +567,11 @@ class Lane:
         if damaged > 0:
             self._lost(entry, damaged, f"spool segment {segment.path.name} damaged")
         self.disk -= entry.records - found
+        self.ends_disk += sum(b.end is not None for _, b in picked if b is not None) - entry.ends
         self.log.popleft()
         self.log.extendleft(
-            Entry(b.first, b.seq, b.records, entry.since, b, segment, [i], entry.token)
+            Entry(b.first, b.seq, b.records, entry.since, b, segment, [i], entry.token,
+                  ends=int(b.end is not None))
             for i, b in reversed(picked)
             if b is not None
         )
@@ -533,7 +591,7 @@ class Lane:
         return self.clock.now() < self._spool_broken_until
 
     def _wants_spill(self) -> bool:
-        if self.memory == 0 or self._spool_broken():
+        if (self.memory == 0 and self.ends_memory == 0) or self._spool_broken():
             return False
         if self.durable or self.parked or self.overloaded:
             return True
@@ -600,6 +658,8 @@ class Lane:
             entry.lines = [i]
             self.memory -= entry.records
             self.disk += entry.records
+            self.ends_memory -= entry.ends
+            self.ends_disk += entry.ends
         self._left[segment.path] = len(run)
         if not self.durable or self.parked or self.overloaded or self.memory > self.memory_limit:
             self._evict(segment)
@@ -617,6 +677,7 @@ class Lane:
                 if prev is not None and prev.batch is None and prev.segment is segment:
                     prev.seq = entry.seq
                     prev.records += entry.records
+                    prev.ends += entry.ends
                     assert prev.lines is not None and entry.lines is not None
                     prev.lines.extend(entry.lines)
                     continue
@@ -688,6 +749,8 @@ class Lane:
                 entry.lines = [i]
                 self.memory -= entry.records
                 self.disk += entry.records
+                self.ends_memory -= entry.ends
+                self.ends_disk += entry.ends
 
     async def release(self) -> None:
         """Gives up this pipeline's hold on the spool: our lock (and our ack, if nothing of

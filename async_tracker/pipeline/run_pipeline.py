@@ -70,8 +70,12 @@ class RunPipeline:
         token: str | None = None,
         rng: random.Random | None = None,
         last_steps: Mapping[str, int] | None = None,
+        ends_run: bool = True,
     ) -> None:
         self.run_id = run_id
+        # Whether close seals the run's end record: not for a replay of a spool (sync), which
+        # delivers the ends the jobs recorded and is no end of the run itself.
+        self.ends_run = ends_run
         self.ingress = ingress
         self.options = options
         self.owns_backends = owns_backends
@@ -102,6 +106,7 @@ class RunPipeline:
                 overflow=options.overflow,
                 segment_records=max(1, options.max_buffered // 2),
                 rng=rng,
+                heartbeat_s=options.heartbeat_s,
             )
             for name, backend in backends
         ]
@@ -383,10 +388,11 @@ class RunPipeline:
         self._room.set()
 
     async def close(self, timeout: float, reason: CloseReason = "finished") -> FlushReport:
-        """Delivers what it can until ``timeout`` (or the earlier deadline :meth:`shorten`
-        set), then stops the lanes whatever they do and spools what they still hold in
-        memory; then tells every backend the run ended with ``reason``. The ingress was
-        sealed by the caller."""
+        """Seals the run's end record (``reason``) after every record accepted, delivers what
+        it can until ``timeout`` (or the earlier deadline :meth:`shorten` set), then stops the
+        lanes whatever they do and spools what they still hold in memory, the end record
+        included: a backend that is down gets it from the spool later, in its place (last).
+        Then closes the backends the run built. The ingress was sealed by the caller."""
         self._deadline = min(self._deadline, self.clock.now() + timeout)
         self.seal()
         try:
@@ -427,6 +433,11 @@ class RunPipeline:
         # Device values not computed by now are dropped (counted), not waited for.
         self._give_up = "its device had not computed the value by close's deadline"
         self.cut(everything=True)  # what the deadline left packed: to the lanes, then disk
+        if self.ends_run:
+            # After the last cut: its number follows every record the run accepted.
+            sealed = self.cutter.cut_end(reason, time.time())
+            for lane in self.lanes:
+                lane.put(sealed)
         for lane in self.lanes:
             lane.begin_close(self._deadline)
         with self._until_deadline() as scope:
@@ -448,28 +459,25 @@ class RunPipeline:
                 except OSError as exc:
                     logger.warning("async_tracker: releasing the spool of %s: %s", lane.name, exc)
         report = self.report(timed_out=scope.cancelled_caught)
-        # Shielded: a backend left half-closed (an MLflow run left RUNNING) is worse than
-        # waiting out the rest of our deadline. Every backend hears that the run ended (also
-        # those the user built); only those the run built are closed.
-        with self._until_deadline(floor=self.clock.now() + SPOOL_GRACE_S, shield=True):
-            async with anyio.create_task_group() as tg:
-                for lane in self.lanes:
-                    tg.start_soon(self._end_quietly, lane, reason)
+        if self.owns_backends:
+            # Shielded: a backend left half-closed is worse than waiting out the rest of our
+            # deadline. Only the backends the run built are closed (the end record told
+            # every backend, those the user built too, how the run ended).
+            with self._until_deadline(floor=self.clock.now() + SPOOL_GRACE_S, shield=True):
+                async with anyio.create_task_group() as tg:
+                    for lane in self.lanes:
+                        tg.start_soon(self._close_quietly, lane, reason)
         return report
 
-    async def _end_quietly(self, lane: Lane, reason: CloseReason) -> None:
-        """end_run, then (for a backend the run built) aclose; a failure is logged and shown
-        as the lane's last error, never raised: the report is already made."""
-        step = "ending the run on"
+    async def _close_quietly(self, lane: Lane, reason: CloseReason) -> None:
+        """aclose; a failure is logged and shown as the lane's last error, never raised: the
+        report is already made."""
         try:
-            await lane.backend.end_run(self.run_id, reason)
-            if self.owns_backends:
-                step = "closing"
-                await lane.backend.aclose(reason)
+            await lane.backend.aclose(reason)
         except Exception as exc:
             lane.last_error = describe(exc)
             logger.warning(
-                "async_tracker: %s backend %s failed: %s", step, lane.name, lane.last_error
+                "async_tracker: closing backend %s failed: %s", lane.name, lane.last_error
             )
 
     def report(self, timed_out: bool = False) -> FlushReport:

@@ -15,9 +15,15 @@ import operator
 import zlib
 from array import array
 from base64 import b64decode, b64encode
-from typing import Any
+from typing import Any, get_args
 
-from async_tracker.records import Batch, TrackerArtifact, TrackerMetric, TrackerSource
+from async_tracker.records import (
+    Batch,
+    CloseReason,
+    TrackerArtifact,
+    TrackerMetric,
+    TrackerSource,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -82,6 +88,7 @@ def _decode_metrics(cols: list[Any]) -> list[TrackerMetric]:
 
 
 _new_metric = tuple.__new__
+END_REASONS: frozenset[CloseReason] = frozenset(get_args(CloseReason))
 _NAME, _VALUE, _STEP, _TIME = (operator.itemgetter(i) for i in range(4))
 
 
@@ -100,6 +107,12 @@ def encode_batch(batch: Batch) -> bytes:
         "names": batch.names,
         "done": sorted(batch.done),
     }
+    # Written only when set: lines without them read as before (and older readers ignore
+    # keys they do not know).
+    if batch.end is not None:
+        body["end"] = [batch.end, batch.end_time]
+    if batch.done_for is not None:
+        body["done_for"] = batch.done_for
     data = json.dumps(body, separators=(",", ":")).encode("utf-8")
     return b"%08x %s\n" % (zlib.crc32(data), data)
 
@@ -110,6 +123,10 @@ def decode_batch(line: bytes) -> Batch:
     if not sep or len(crc) != 8 or int(crc, 16) != zlib.crc32(data):
         raise ValueError("checksum mismatch")
     body = json.loads(data)
+    end, end_time = body.get("end") or (None, 0.0)
+    if end is not None and end not in END_REASONS:
+        raise ValueError(f"unknown end reason {end!r}")
+    done_for = body.get("done_for")
     return Batch(
         seq=int(body["seq"]),
         first=int(body["first"]),
@@ -122,6 +139,9 @@ def decode_batch(line: bytes) -> Batch:
         records=int(body["records"]),
         done=set(body["done"]),
         names=dict(body["names"]),
+        end=end,
+        end_time=float(end_time),
+        done_for=None if done_for is None else str(done_for),
     )
 
 

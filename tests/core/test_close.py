@@ -194,7 +194,9 @@ def test_concurrent_closes_close_once(make_run: MakeRun, closers: int) -> None:
     for report in reports:
         # One undelivered record, counted (and spooled, where a spool exists) once.
         assert report.pending >= 0 and undelivered(report) == 1 and report.delivered == 1
-    assert fine.count("write_batch") == 1 and stuck.count("write_batch") == 1
+    # The fine backend got the record's batch and then the run's end record, once each.
+    assert fine.count("write_batch") == 2 and fine.count("end_run") == 1
+    assert stuck.count("write_batch") == 1
 
 
 async def test_close_after_a_cancelled_aclose_closes_once(make_run: MakeRun) -> None:

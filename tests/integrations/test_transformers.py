@@ -25,7 +25,10 @@ from transformers import (  # noqa: E402
 
 from async_tracker import AppRun  # noqa: E402
 from async_tracker.backend.memory import InMemoryTracker  # noqa: E402
+from async_tracker.init_run import open_store  # noqa: E402
 from async_tracker.integrations.transformers import AsyncTrackerCallback  # noqa: E402
+from async_tracker.runtime.process import runtime  # noqa: E402
+from tests.core.helpers import Child  # noqa: E402
 from tests.integrations.helpers import Recorder, Store  # noqa: E402
 
 pytestmark = pytest.mark.server  # needs the transformers extra (CI runs it on 3.11 only)
@@ -215,3 +218,49 @@ def test_without_arguments_in_a_torchx_job_it_logs_to_the_job_run(
     assert callback.run is AppRun.run_from_env()
     assert not callback.run.closed  # the job's: closed when it exits
     assert store.steps("local://session/hf-1", "loss") == list(range(1, STEPS + 1))
+
+
+# A training that raises at its third step: the exception is caught (argv[2] is "catch")
+# or ends the process. The run the callback opened lives in the store argv[1].
+FAILING_TRAINING = """
+import sys
+from pathlib import Path
+from transformers import TrainerCallback
+from async_tracker.integrations.transformers import AsyncTrackerCallback
+from tests.integrations.test_transformers import make_trainer
+
+class Breaks(TrainerCallback):
+    def on_step_end(self, args, state, control, **kwargs):
+        if state.global_step == 2:
+            raise RuntimeError("the training step failed")
+
+store, mode = Path(sys.argv[1]), sys.argv[2]
+trainer = make_trainer(store.parent, AsyncTrackerCallback(project="bert", dir=str(store)))
+trainer.add_callback(Breaks())
+if mode == "catch":
+    try:
+        trainer.train()
+    except RuntimeError:
+        print("caught", flush=True)
+else:
+    trainer.train()
+"""
+
+
+@pytest.mark.parametrize("mode", ["catch", "raise"])
+def test_a_training_that_raised_ends_failed(tmp_path: Path, store: Store, mode: str) -> None:
+    job = Child(FAILING_TRAINING, str(store.root), mode)
+    try:
+        if mode == "catch":
+            while job.readline(120) != "caught":  # the Trainer prints its logs too
+                pass
+        assert job.wait(120) == (0 if mode == "catch" else 1)
+    finally:
+        job.close()
+    (run_id,) = store.run_ids()
+    assert _status(store, run_id)[0] == "failed"
+    assert store.steps(run_id, "loss") == [1]  # what was logged before the failure
+
+
+def _status(store: Store, run_id: str) -> tuple[str, float | None]:
+    return runtime().loop.call(open_store(store.root).run_status, run_id)

@@ -159,6 +159,7 @@ async def run_schedule(
         for run in RUNS:
             inc = world.runs[run]
             await inc.pipeline.close(60.0)
+            world.note_end(run, inc)
             inc.scope.cancel()
         world.check_final()
         tg.cancel_scope.cancel()

@@ -54,6 +54,11 @@ def uid(name: str, step: int) -> str:
     return f"{name}@{step}"
 
 
+def token_of(key: str) -> str:
+    """The pipeline token in a batch key (time-token-seq)."""
+    return key.split("-")[1]
+
+
 class SimBackend(AsyncTrackerBase):
     """An async backend that stores what it is sent and misbehaves when told to.
 
@@ -77,6 +82,9 @@ class SimBackend(AsyncTrackerBase):
         self.artifacts: dict[str, dict[str, str]] = {}
         self.sources: dict[str, set[str]] = {}
         self.artifact_arrivals: dict[str, set[str]] = {}
+        # End records as they arrived: (token of the pipeline that sealed it, its place in
+        # ``arrivals`` then), per run.
+        self.end_arrivals: dict[str, list[tuple[str, int]]] = {}
 
     async def write_batch(self, run_id: str, batch: Batch) -> None:
         faults = self.faults[run_id]
@@ -120,6 +128,9 @@ class SimBackend(AsyncTrackerBase):
                 arts[name] = art.path
                 self.artifact_arrivals.setdefault(run_id, set()).add(art.path)
             self.sources.setdefault(run_id, set()).update(s.source_run_id for s in batch.sources)
+            if batch.end is not None:
+                place = len(self.arrivals.get(run_id, []))
+                self.end_arrivals.setdefault(run_id, []).append((token_of(key), place))
 
     def heal(self, run: str | None = None) -> None:
         for r in RUNS if run is None else (run,):
@@ -228,6 +239,9 @@ class RunModel:
     lost: dict[str, set[int]] = field(default_factory=dict)  # backend -> indexes lost to crashes
     heads_at_crash: dict[str, set[str]] = field(default_factory=dict)  # backend -> batch keys
     steps: Counter[str] = field(default_factory=Counter)
+    # End records of closed lives (by pipeline token): the backends that must get each one
+    # (those whose lane had it delivered or on disk when the life ended).
+    ends: dict[str, set[str]] = field(default_factory=dict)
 
 
 class World:
@@ -370,6 +384,7 @@ class World:
             model.writes.append(written)
             child.accepted.append(written)
         report = await pipeline.close(self.rng.choice([0.0, 1.0, 30.0]))
+        self.note_end(run, child)
         child.scope.cancel()
         await child.stopped.wait()
         total = report.delivered + report.pending + report.spooled + report.dropped
@@ -401,6 +416,7 @@ class World:
         inc = self.runs[run]
         start = self.clock.now()
         report = await inc.pipeline.close(timeout)
+        self.note_end(run, inc)
         took = self.clock.now() - start
         assert took <= timeout + 2 * SPOOL_GRACE_S + 1e-6, f"close({timeout}) took {took}"
         inc.scope.cancel()
@@ -437,6 +453,13 @@ class World:
         if ended[0] > signalled:
             took = ended[0] - signalled
             assert took <= grace + 2 * SPOOL_GRACE_S + 1e-6, f"{took} s after the SIGTERM"
+
+    def note_end(self, run: str, inc: Incarnation) -> None:
+        """A life closed: its end record must reach every backend that has it delivered or
+        on disk (one left in memory, the disk failing, is lost with the life, as a record)."""
+        self.models[run].ends[inc.pipeline.token] = {
+            lane.name for lane in inc.pipeline.lanes if lane.ends_memory == 0
+        }
 
     def _bury(self, run: str, inc: Incarnation) -> None:
         """What an incarnation that ends takes with it: per backend, the records neither
@@ -508,6 +531,14 @@ class World:
         index = {w.uid: w.index for w in self.models[run].writes if w.uid is not None}
         origin = {w.uid: w.origin for w in self.models[run].writes if w.uid is not None}
         for name, backend in self.backends.items():
+            # A life's end record arrives after every point that life accepted: each point
+            # whose batch it cut arrived (first) before the end did.
+            first: dict[str, tuple[int, str]] = {}
+            for place, (u, key) in enumerate(backend.arrivals.get(run, [])):
+                first.setdefault(u, (place, token_of(key)))
+            for token, at in backend.end_arrivals.get(run, []):
+                late = [u for u, (place, t) in first.items() if t == token and place >= at]
+                assert not late, f"{name}: the end of {token} arrived before {late[:3]}"
             seen: set[str] = set()
             last: dict[int, int] = {}  # per process: a fork's writes have their own order
             allowed = backend.tainted | self.models[run].heads_at_crash.get(name, set())
@@ -565,6 +596,9 @@ class World:
                     w.source for w in model.writes if w.source is not None and w.index not in lost
                 }
                 assert backend.sources.get(run, set()) >= surviving, f"{name}/{run}: sources"
+                ended = {token for token, _ in backend.end_arrivals.get(run, [])}
+                due = {token for token, names in model.ends.items() if name in names}
+                assert due <= ended, f"{name}/{run}: end records lost: {sorted(due - ended)}"
             inc = self.runs[run]
             for lane in inc.pipeline.lanes:
                 assert not lane.log, f"{lane.name}/{run}: {len(lane.log)} entries left"

@@ -56,6 +56,8 @@ TAG_SOURCE_PREFIX = "async_tracker.source."
 TAG_PARENT_PREFIX = "async_tracker.parent."
 # One per process writing to the run, removed when it ends the run (see runs.py).
 TAG_WRITER_PREFIX = "async_tracker.writer."
+# A live run's heartbeat: {"time": seconds since the epoch, "interval_s": ..}.
+TAG_HEARTBEAT = "async_tracker.heartbeat"
 MLFLOW_TAG_PREFIX = "mlflow."
 RESERVED_TAG_PREFIXES = (TAG_PREFIX, MLFLOW_TAG_PREFIX)
 

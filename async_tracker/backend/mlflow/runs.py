@@ -26,6 +26,9 @@ tag per process and tracker) and removes its tag when it ends the run:
   another failed, does not hide the first failure.
 * A process that dies without ending (SIGKILL, a power cut) leaves its tag, and the run stays
   RUNNING until someone ends it (``MlflowClient.set_terminated``).
+* The ending is the run's end record, delivered like any record: when the server was down at
+  close, ``async-tracker sync`` delivers it later (the syncing process writes as a writer of
+  its own, then ends the run with the job's reason and time).
 
 A process writing again to a FINISHED run (a resumed job) makes it RUNNING again, as
 ``mlflow.start_run(run_id=...)`` does; a FAILED or KILLED run keeps its status.
@@ -354,9 +357,10 @@ class RunBook:
         """The run ids this process writes to and has not ended."""
         return [run_id for run_id, ref in list(self._runs.items()) if ref.writing()]
 
-    def end(self, run_id: str, reason: CloseReason) -> None:
+    def end(self, run_id: str, reason: CloseReason, end_time: float | None = None) -> None:
         """This process is done with ``run_id``'s run (see the module's doc for the status it
-        then gets). Nothing for a run this process did not write to."""
+        then gets), which ended at ``end_time`` (seconds since the epoch; default: now).
+        Nothing for a run this process did not write to."""
         ref = self._runs.get(run_id)
         if ref is None or not ref.writing():
             return
@@ -382,7 +386,8 @@ class RunBook:
                     ref.uuid, run_id, len(others),
                 )
             elif current != status:
-                self.client.set_terminated(ref.uuid, status=status)
+                end_ms = None if end_time is None else int(end_time * 1000)
+                self.client.set_terminated(ref.uuid, status=status, end_time=end_ms)
                 ref.status = status
             # Only now: an end that failed half-way is tried again by aclose().
             ref.writer_tag = None

@@ -39,6 +39,7 @@ from async_tracker.backend.mlflow.mapping import (
     INT64_MIN,
     RESERVED_TAG_PREFIXES,
     TAG_ARTIFACT_PREFIX,
+    TAG_HEARTBEAT,
     TAG_SOURCE_PREFIX,
     artifact_problems,
     artifact_tag,
@@ -62,7 +63,7 @@ from async_tracker.backend.mlflow.mapping import (
 )
 from async_tracker.backend.mlflow.requests import MetricEntry, Request, plan_requests
 from async_tracker.backend.mlflow.runs import RunBook, RunRef, run_id_of, start_order
-from async_tracker.base import AsyncTrackerBase, Checked, CloseReason
+from async_tracker.base import END_PART, AsyncTrackerBase, Checked, CloseReason
 from async_tracker.errors import BackendError, RecordError, TransientBackendError
 from async_tracker.records import (
     Batch,
@@ -145,6 +146,8 @@ class AsyncMLflowTracker(AsyncTrackerBase):
         # MLflow makes on first use. No request is sent (a SQLite store is opened, though).
         self.client: Any = MlflowClient(tracking_uri=self.tracking_uri)
         self.runs = RunBook(self.client, self.experiment_name, artifact_location)
+        # The store: a server and an experiment in it (where a batch's parts were stored).
+        self.store_id = f"{self.tracking_uri}#{self.experiment_name}"
         self._checked_metric_names: set[str] = set()
 
     def __repr__(self) -> str:
@@ -223,6 +226,23 @@ class AsyncMLflowTracker(AsyncTrackerBase):
                 raise map_error(exc, what) from exc
 
         return await run_blocking(call, endpoint=self.tracking_uri)
+
+    async def heartbeat(self, run_id: str, interval_s: float) -> None:
+        """Tags the run ``async_tracker.heartbeat`` with the time and the interval: one
+        request, only for a run this process writes to (a heartbeat creates no run)."""
+        if run_id in self.runs.writing():
+            await self._blocking("set_tag", self._heartbeat_sync, run_id, interval_s)
+
+    def _heartbeat_sync(self, run_id: str, interval_s: float) -> None:
+        ref = self.runs.for_writing(run_id)
+        beat = dumps({"time": time.time(), "interval_s": interval_s})
+        self.client.set_tag(ref.uuid, TAG_HEARTBEAT, beat)
+
+    def _end_sync(self, run_id: str, reason: CloseReason, end_time: float | None) -> None:
+        """Ends ``run_id``'s MLflow run as a writer of it: this process may not have written
+        to it before (a sync delivering a job's end record), and only writers end runs."""
+        self.runs.for_writing(run_id)
+        self.runs.end(run_id, reason, end_time)
 
     def _log_batch_sync(self, run_id: str, request: Request, first_params: bool) -> None:
         """One log_batch request. With ``first_params``, its params are first writes of
@@ -370,6 +390,12 @@ class AsyncMLflowTracker(AsyncTrackerBase):
                 batch.done.add(part)
         requests = plan_requests(tags=tags, metrics=metrics, params=params)
         await self._send(run_id, requests, batch, first_params=True)
+        if batch.end is not None and END_PART not in batch.done:
+            # Last, after what the batch stored (and before a refusal is raised: the end
+            # record is not what MLflow refused).
+            end_time = batch.end_time or None
+            await self._blocking("set_terminated", self._end_sync, run_id, batch.end, end_time)
+            batch.done.add(END_PART)
         if problems:
             refused = len(problems)
             if batch.records:
