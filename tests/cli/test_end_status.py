@@ -25,8 +25,10 @@ from tests.core.helpers import FAST_RETRY, Child, wait_until
 
 RUN_ID = "job/1"
 
-# A job on a store (argv[1]) spooling in argv[2]: logs, says "ready", then fails (argv[3] is
-# "fail") or waits to be signalled. Quick retries and a short close: the store may be down.
+# A job on a store (argv[1]) spooling in argv[2]: starts, says "started" and waits for a line
+# on stdin (the test may take the store down meanwhile), logs, says "ready", then fails
+# (argv[3] is "fail") or waits to be signalled. Quick retries and a short close: the store
+# may be down.
 JOB = """
 import sys, time
 import async_tracker
@@ -36,6 +38,8 @@ retry = RetryPolicy(max_attempts=2, initial_backoff_s=0.01, max_backoff_s=0.05, 
                     cooldown_s=0.2)
 with async_tracker.init("job", dir=store, id="job/1", spool_dir=spool, close_timeout=1.0,
                         retry=retry, heartbeat_s=float(heartbeat)) as run:
+    print("started", flush=True)
+    sys.stdin.readline()
     run.add_metadata(lr=0.1)
     for step in range(5):
         run.log_metric("loss", float(step), step=step)
@@ -53,13 +57,30 @@ def status(root: Path, now: float | None = None) -> tuple[str, float | None]:
     return runtime().loop.call(store.run_status, RUN_ID, now)
 
 
-def block(root: Path) -> Path:
-    """The store is down for this run: a file where its directory goes (every write fails,
-    listing the store works, so the job starts)."""
-    root.mkdir(parents=True, exist_ok=True)
-    blocker = root / encode_run_id(RUN_ID)
-    blocker.write_text("not a directory")
-    return blocker
+def go(job: Child, root: Path | None = None) -> None:
+    """Lets a started job log; with ``root``, the store is down for its run from now on (see
+    :func:`block`)."""
+    assert job.readline() == "started"
+    if root is not None:
+        block(root)
+    assert job.proc.stdin is not None
+    job.proc.stdin.write(b"go\n")
+    job.proc.stdin.flush()
+
+
+def block(root: Path) -> None:
+    """The store is down for this run: its directory (which the start claimed) is moved
+    aside and a file takes its place, so every write of the run fails."""
+    run_dir = root / encode_run_id(RUN_ID)
+    run_dir.rename(root / "aside")
+    run_dir.write_text("not a directory")
+
+
+def unblock(root: Path) -> None:
+    """The store is back: the run's directory returns."""
+    run_dir = root / encode_run_id(RUN_ID)
+    run_dir.unlink()
+    (root / "aside").rename(run_dir)
 
 
 def sync(spool: Path, to: Path) -> None:
@@ -68,14 +89,14 @@ def sync(spool: Path, to: Path) -> None:
 
 def test_a_job_that_fails_with_its_store_down_is_failed_after_sync(tmp_path: Path) -> None:
     root, spool = tmp_path / "runs", tmp_path / "spool"
-    blocker = block(root)
     job = Child(JOB, str(root), str(spool), "fail", "0")
     try:
+        go(job, root)
         assert job.readline() == "ready"
         assert job.wait(60) == 1  # the exception ended the process
     finally:
         job.close()
-    blocker.unlink()  # the store is back
+    unblock(root)
     sync(spool, root)
     assert status(root)[0] == "failed"
     row = run_row(Store(root, root).tracker(), RUN_ID)
@@ -86,15 +107,15 @@ def test_a_job_killed_by_sigterm_with_its_store_down_is_killed_after_sync(
     tmp_path: Path,
 ) -> None:
     root, spool = tmp_path / "runs", tmp_path / "spool"
-    blocker = block(root)
     job = Child(JOB, str(root), str(spool), "wait", "0")
     try:
+        go(job, root)
         assert job.readline() == "ready"
         os.kill(job.proc.pid, signal.SIGTERM)
         assert job.wait(60) != 0
     finally:
         job.close()
-    blocker.unlink()
+    unblock(root)
     sync(spool, root)
     assert status(root)[0] == "killed"
     assert [p.step for p in Store(root, root).tracker().metrics(RUN_ID)["loss"]] == [0, 1, 2, 3, 4]
@@ -105,6 +126,7 @@ def test_a_sigkilled_job_is_crashed_once_its_heartbeats_are_old(tmp_path: Path) 
     beats = root / encode_run_id(RUN_ID) / HEARTBEAT_DIR
     job = Child(JOB, str(root), str(spool), "wait", "0.5")
     try:
+        go(job)
         assert job.readline() == "ready"
         wait_until(lambda: beats.is_dir() and any(beats.iterdir()), "a heartbeat")
         assert status(root)[0] == "running"
