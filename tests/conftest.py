@@ -13,6 +13,7 @@ everything: there a test skipped for a module it could not import fails instead,
 
 from __future__ import annotations
 
+import os
 import random
 import signal
 from collections.abc import Generator, Iterator
@@ -22,6 +23,8 @@ from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, settings
+
+from async_tracker import AppRun
 
 # The simulator's hypothesis profiles: "ci" (the default here: few, fixed examples) and
 # "soak" (thousands, new ones each time): ``--hypothesis-profile=soak``.
@@ -59,6 +62,19 @@ SERVER_FIXTURES = frozenset({"mlflow_server", "s3_endpoint", "torchx_python", "p
 SERVER_DIRS = (TESTS / "mlflow",)
 
 MISSING_MODULE = "could not import "  # how pytest.importorskip's skips begin
+
+
+@pytest.fixture(autouse=True)
+def clean_env(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """No TORCHX_*, ASYNC_TRACKER_* or MLFLOW_TRACKING_URI variable of the machine leaks into
+    a test, and no run_from_env() run outlives it: closed (its records delivered or spooled
+    within a second) and forgotten, before the test and after."""
+    for var in list(os.environ):
+        if var.startswith(("TORCHX_", "ASYNC_TRACKER_")) or var == "MLFLOW_TRACKING_URI":
+            monkeypatch.delenv(var)
+    AppRun.reset_from_env(timeout=1.0)
+    yield
+    AppRun.reset_from_env(timeout=1.0)
 
 
 @pytest.fixture(autouse=True)

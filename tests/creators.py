@@ -1,5 +1,6 @@
-"""Processes that create one run id at the same moment: the race ``resume="never"`` must win
-once. Used by the local store's tests and the S3 store's.
+"""Processes that start runs: several creating one run id at the same moment (the race
+``resume="never"`` must win once), and a durable job killed with points in its spool (what a
+resume must continue after). Used by the local store's tests and the S3 store's.
 
 Each child starts once and runs every trial: the parent writes one line to all of them at
 once (the barrier: each child blocks reading its stdin), each child waits a seeded jitter of
@@ -37,6 +38,33 @@ for trial in range(trials):
     else:
         print("won", flush=True)
         run.close(timeout=30)
+"""
+
+
+# A durable job on a store (argv[1]) spooling in argv[2] under the id argv[3]: stores 100
+# points and says "stored", then waits for a line on stdin (the parent takes the store down
+# meanwhile), logs 400 more, which only its write-ahead spool gets, says "spooled" and waits to
+# be killed.
+DURABLE_CHILD = """
+import sys
+import async_tracker
+from async_tracker.spool import spooled_last_steps
+from tests.core.helpers import wait_until
+
+store, spool, run_id = sys.argv[1:4]
+run = async_tracker.init("p", dir=store, id=run_id, durable=True, spool_dir=spool,
+                         flush_interval=3600, timeout=60)
+for i in range(100):
+    run.log_metric("loss", float(i))
+assert run.flush(60).ok
+print("stored", flush=True)
+sys.stdin.readline()
+for i in range(100, 500):
+    run.log_metric("loss", float(i))
+run.flush(0)  # cut now: the write-ahead log has the points before delivery is tried
+wait_until(lambda: spooled_last_steps(spool, run_id).get("loss") == 499, "points spooled")
+print("spooled", flush=True)
+sys.stdin.read()
 """
 
 

@@ -48,10 +48,7 @@ def isolated(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, _mpl_config_dir: Path
 ) -> Iterator[Path]:
     """A working directory and HOME of the test's own (the machine's ~/.torchxconfig is
-    ignored), no TORCHX_* or ASYNC_TRACKER_* variable, no run_from_env() singleton."""
-    for var in list(os.environ):
-        if var.startswith(("TORCHX_", "ASYNC_TRACKER_")):
-            monkeypatch.delenv(var)
+    ignored); the environment is clean (see tests/conftest.py)."""
     home = tmp_path / "home"
     work = tmp_path / "work"
     home.mkdir()
@@ -61,7 +58,6 @@ def isolated(
     # process that plots a rebuild.
     monkeypatch.setenv("MPLCONFIGDIR", str(_mpl_config_dir))
     monkeypatch.chdir(work)
-    async_tracker.run._env_run = None
     yield work
     async_tracker.run._env_run = None
 

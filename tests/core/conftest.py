@@ -2,31 +2,14 @@
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-import async_tracker.run
 from async_tracker import AppRun
 from tests.core.helpers import FAST_RETRY, Child
-
-
-@pytest.fixture(autouse=True)
-def clean_env(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """No TORCHX_* or ASYNC_TRACKER_* variable leaks into a test, and the per-process
-    run_from_env() singleton is forgotten before and after it."""
-    for var in list(os.environ):
-        if var.startswith(("TORCHX_", "ASYNC_TRACKER_")):
-            monkeypatch.delenv(var)
-    async_tracker.run._env_run = None
-    yield
-    env_run = async_tracker.run._env_run
-    if env_run is not None and not env_run.closed:
-        env_run.close(timeout=1.0)
-    async_tracker.run._env_run = None
 
 
 @pytest.fixture

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import select
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -19,6 +20,13 @@ REPO = Path(__file__).resolve().parents[2]
 FAST_RETRY = RetryPolicy(
     max_attempts=3, initial_backoff_s=0, max_backoff_s=0, jitter_s=0, cooldown_s=3600
 )
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on now (for a server a test starts)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
 
 
 def wait_until(

@@ -20,7 +20,7 @@ from async_tracker.backend.fsspec import CLAIM_FILE, AsyncFsspecTracker, encode_
 from async_tracker.init_run import open_store
 from async_tracker.spool import has_spool, spooled_last_steps
 from tests.core.helpers import Child
-from tests.creators import check_one_winner, race
+from tests.creators import DURABLE_CHILD, check_one_winner, race
 
 # What a resumed run's points look like in the store: (step, value) in step order.
 Points = list[tuple[int, float]]
@@ -177,28 +177,6 @@ def test_must_accepts_a_run_only_in_this_machines_spool(tmp_path: Path) -> None:
 
 
 # -- resume after SIGKILL, with points in the spool ----------------------------------------------
-
-DURABLE_CHILD = """
-import sys
-import async_tracker
-from async_tracker.spool import spooled_last_steps
-from tests.core.helpers import wait_until
-
-store, spool, run_id = sys.argv[1:4]
-run = async_tracker.init("p", dir=store, id=run_id, durable=True, spool_dir=spool,
-                         flush_interval=3600, timeout=60)
-for i in range(100):
-    run.log_metric("loss", float(i))
-assert run.flush(30).ok
-print("stored", flush=True)
-sys.stdin.readline()  # the parent made the store refuse metrics
-for i in range(100, 500):
-    run.log_metric("loss", float(i))
-run.flush(0)  # cut now: the write-ahead log has the points before delivery is tried
-wait_until(lambda: spooled_last_steps(spool, run_id).get("loss") == 499, "points spooled")
-print("spooled", flush=True)
-sys.stdin.read()
-"""
 
 
 def test_resume_after_sigkill_continues_after_the_spooled_steps(tmp_path: Path) -> None:

@@ -4,7 +4,6 @@ from PyPI in a virtual environment of its own (it pins an old urllib3)."""
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -16,13 +15,20 @@ from pathlib import Path
 
 import pytest
 
+from tests.core.helpers import free_port
+
 REPO = Path(__file__).resolve().parents[2]
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+def make_bucket(endpoint: str) -> str:
+    """A new, empty bucket on the S3 server at ``endpoint``; its name."""
+    boto3 = pytest.importorskip("boto3")
+    bucket = f"b-{uuid.uuid4().hex[:12]}"
+    boto3.client(
+        "s3", endpoint_url=endpoint, region_name="us-east-1",
+        aws_access_key_id="testing", aws_secret_access_key="testing",
+    ).create_bucket(Bucket=bucket)  # fmt: skip
+    return bucket
 
 
 def wait_http(url: str, proc: subprocess.Popen[bytes], timeout_s: float) -> None:

@@ -34,7 +34,8 @@ from async_tracker.errors import (
     TransientBackendError,
     classify,
 )
-from tests.fsspec.conftest import free_port, wait_http
+from tests.core.helpers import free_port
+from tests.fsspec.conftest import make_bucket, wait_http
 
 if sys.version_info < (3, 11):  # pragma: no cover - 3.10
     from exceptiongroup import BaseExceptionGroup, ExceptionGroup
@@ -67,16 +68,6 @@ def s3_fs(endpoint: str) -> Any:
     )
     fs.retries = 1
     return fs
-
-
-def make_bucket(endpoint: str) -> str:
-    boto3 = pytest.importorskip("boto3")
-    bucket = f"b-{uuid.uuid4().hex[:12]}"
-    boto3.client(
-        "s3", endpoint_url=endpoint, region_name="us-east-1",
-        aws_access_key_id="testing", aws_secret_access_key="testing",
-    ).create_bucket(Bucket=bucket)  # fmt: skip
-    return bucket
 
 
 class MotoServer:

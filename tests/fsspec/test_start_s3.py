@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import logging
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -20,21 +19,12 @@ from async_tracker import AppRun, TrackerConfigError
 from async_tracker.init_run import open_store
 from async_tracker.spool import has_spool, spooled_last_steps
 from tests.core.helpers import Child
-from tests.creators import check_one_winner, race
+from tests.creators import DURABLE_CHILD, check_one_winner, race
+from tests.fsspec.conftest import make_bucket
 from tests.tcp_proxy import TcpProxy, tcp_proxy
 
 # The endpoint's bad behaviours (see tests/tcp_proxy.py).
 DOWN = ["refuse", "reset", "silent"]
-
-
-def make_bucket(endpoint: str) -> str:
-    boto3 = pytest.importorskip("boto3")
-    bucket = f"b-{uuid.uuid4().hex[:12]}"
-    boto3.client(
-        "s3", endpoint_url=endpoint, region_name="us-east-1",
-        aws_access_key_id="testing", aws_secret_access_key="testing",
-    ).create_bucket(Bucket=bucket)
-    return bucket
 
 
 def s3_options(endpoint: str) -> dict[str, object]:
@@ -123,29 +113,6 @@ def test_concurrent_creates_on_s3_exactly_one_wins(s3_endpoint: str) -> None:
     env = {"FSSPEC_S3": json.dumps(s3_options(s3_endpoint))}
     seed, answers = race(store, processes=4, trials=15, env=env)
     check_one_winner(seed, answers)
-
-
-DURABLE_CHILD = """
-import sys
-import async_tracker
-from async_tracker.spool import spooled_last_steps
-from tests.core.helpers import wait_until
-
-store, spool, run_id = sys.argv[1:4]
-run = async_tracker.init("p", dir=store, id=run_id, durable=True, spool_dir=spool,
-                         flush_interval=3600, timeout=60)
-for i in range(100):
-    run.log_metric("loss", float(i))
-assert run.flush(60).ok
-print("stored", flush=True)
-sys.stdin.readline()  # the parent took the endpoint down
-for i in range(100, 500):
-    run.log_metric("loss", float(i))
-run.flush(0)  # cut now: the write-ahead log has the points before delivery is tried
-wait_until(lambda: spooled_last_steps(spool, run_id).get("loss") == 499, "points spooled")
-print("spooled", flush=True)
-sys.stdin.read()
-"""
 
 
 def test_resume_after_sigkill_with_the_store_down_continues_after_the_spooled_steps(

@@ -4,7 +4,6 @@ to read back what was logged."""
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -16,13 +15,9 @@ from tests.integrations.helpers import Store
 
 @pytest.fixture(autouse=True)
 def isolated(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
-    for var in list(os.environ):
-        if var.startswith(("TORCHX_", "ASYNC_TRACKER_")):
-            monkeypatch.delenv(var)
     work = tmp_path / "work"
     work.mkdir()
     monkeypatch.chdir(work)
-    async_tracker.run._env_run = None
     yield work
     async_tracker.AppRun.reset_from_env(timeout=10.0)
 

@@ -7,7 +7,6 @@ whole directory is skipped when the run deselects them (``-m "not server"``), an
 
 from __future__ import annotations
 
-import os
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,7 +16,6 @@ import pytest
 
 pytest.importorskip("mlflow")
 
-import async_tracker.run
 from tests.mlflow.server import MlflowServer
 
 
@@ -60,13 +58,3 @@ def default_store_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.setattr(config, "DEFAULT_TRACKING_DIR", tmp_path / "default-store")
     return tmp_path / "default-store"
 
-
-@pytest.fixture(autouse=True)
-def clean_env(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """No TORCHX_*, ASYNC_TRACKER_* or MLFLOW_TRACKING_URI variable leaks into a test."""
-    for var in list(os.environ):
-        if var.startswith(("TORCHX_", "ASYNC_TRACKER_")) or var == "MLFLOW_TRACKING_URI":
-            monkeypatch.delenv(var)
-    async_tracker.run._env_run = None
-    yield
-    async_tracker.run._env_run = None

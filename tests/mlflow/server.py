@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -17,15 +16,11 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+from tests.core.helpers import free_port
+
 # Cold start (database migrations) takes 5-15 s on a small machine; a restart is faster.
 STARTUP_TIMEOUT_S = 120.0
 POLL_INTERVAL_S = 0.1
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class MlflowServer:

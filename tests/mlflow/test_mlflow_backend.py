@@ -48,7 +48,7 @@ from async_tracker.errors import (
     classify,
 )
 from async_tracker.runtime.process import exiting_on_exception
-from tests.mlflow.server import free_port
+from tests.core.helpers import free_port
 
 if sys.version_info < (3, 11):  # pragma: no cover - 3.10
     from exceptiongroup import ExceptionGroup

@@ -12,8 +12,7 @@ import os
 import signal
 import sys
 import threading
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -27,6 +26,7 @@ from async_tracker.errors import (
     TransientBackendError,
     classify,
 )
+from tests.core.helpers import wait_until
 from tests.mlflow.server import MlflowServer
 
 if sys.version_info < (3, 11):  # pragma: no cover - 3.10
@@ -49,15 +49,6 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MlflowServer]:
     finally:
         s._signal(signal.SIGCONT)
         s.stop()
-
-
-def wait_until(condition: Callable[[], bool], timeout_s: float, what: str) -> None:
-    """Polls a real condition with a deadline (the state of another process or thread)."""
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not true after {timeout_s} s: {what}")
-        time.sleep(0.02)
 
 
 def read_back(url: str, experiment: str) -> tuple[Any, Any]:
@@ -87,11 +78,9 @@ def test_server_killed_mid_run_and_restarted(server: MlflowServer) -> None:
             run.log_metrics({"loss": float(step), "acc": step / 1500}, step=step)
 
         # MLflow is down, and failing: the memory backend still gets everything at once.
+        wait_until(lambda: run.status().backends["mlflow"].retries > 0, "MLflow lane retrying")
         wait_until(
-            lambda: run.status().backends["mlflow"].retries > 0, 30, "MLflow lane retrying"
-        )
-        wait_until(
-            lambda: len(mem.points("outage-run", "acc")) == 1000, 10, "memory backend has all"
+            lambda: len(mem.points("outage-run", "acc")) == 1000, "memory backend has all"
         )
         assert mem.runs["outage-run"].metadata["phase"] == "during"
         status = run.status().backends["mlflow"]

@@ -20,7 +20,8 @@ pytest.importorskip("tensorboard")
 
 from async_tracker import AppRun, Batch, TrackerMetric
 from async_tracker.backend.tensorboard import AsyncTensorBoardTracker
-from tests.fsspec.conftest import free_port, wait_http
+from tests.core.helpers import free_port
+from tests.fsspec.conftest import wait_http
 from tests.tensorboard.helpers import f32
 
 pytestmark = pytest.mark.server

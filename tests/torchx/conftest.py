@@ -4,7 +4,6 @@ singleton, and child interpreters in torchx's venv that import this checkout."""
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
 import sys
@@ -14,7 +13,6 @@ from typing import Any
 
 import pytest
 
-from async_tracker import AppRun
 from tests.core.helpers import REPO, python_env
 from tests.fsspec.conftest import torchx_python  # the venv fixture, shared
 from tests.torchx import plugins
@@ -25,16 +23,11 @@ TorchxChild = Callable[..., Any]
 
 
 @pytest.fixture(autouse=True)
-def clean_env(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """No TORCHX_* or ASYNC_TRACKER_* variable leaks into a test, no plug-in built before it
-    is seen by it, and no run_from_env() run outlives it."""
-    for var in list(os.environ):
-        if var.startswith(("TORCHX_", "ASYNC_TRACKER_")):
-            monkeypatch.delenv(var)
-    AppRun.reset_from_env(timeout=1.0)
+def fresh_plugins() -> Iterator[None]:
+    """No plug-in built before a test is seen by it (the environment is clean: see
+    tests/conftest.py)."""
     plugins.BUILT.clear()
     yield
-    AppRun.reset_from_env(timeout=1.0)
     plugins.BUILT.clear()
 
 
