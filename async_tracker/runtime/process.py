@@ -4,8 +4,8 @@
   (:mod:`~async_tracker.runtime.threads`), the spool thread (:mod:`async_tracker.spool.io`)
   and the flusher (:mod:`~async_tracker.runtime.flusher`), each started on first use.
 * The runs of the process (held as :class:`Run`; ``AppRun`` registers itself) and how they
-  end by themselves: at interpreter exit every run still open is closed, all at once, within
-  the longest close timeout; in a ``multiprocessing`` child too (it leaves with ``os._exit``).
+  end by themselves: at interpreter exit every run still open is closed, all at once, each
+  within its own close timeout; in a ``multiprocessing`` child too (it leaves with ``os._exit``).
 * SIGTERM (when ``ASYNC_TRACKER_HANDLE_SIGTERM`` is not ``0``): every close under way, or to
   come, ends by the grace's end (``ASYNC_TRACKER_SIGTERM_GRACE`` seconds, default 5): what is
   not delivered by then is spooled. Then the previous handler runs (open runs were flushed,
@@ -190,18 +190,22 @@ class Runtime:
         return min(time.monotonic() + timeout, self._sigterm_deadline)
 
     def close_all(self, timeout: float | None = None, reason: CloseReason | None = None) -> None:
-        """Closes every open run concurrently, and waits for closes under way, by one
-        deadline: ``timeout`` (default: the longest ``close_timeout`` among them) from now,
-        or the SIGTERM grace's end if earlier; closes under way end by it too. Each run's
-        close says what it could not deliver. ``reason`` defaults as :func:`close_reason`
-        says."""
+        """Closes every open run concurrently, and waits for closes under way: each by
+        ``timeout`` from now (default: its own ``close_timeout``, so that a run that allows
+        0.2 s never waits out another's 10 s), or the SIGTERM grace's end if earlier; closes
+        under way end by it too. Each run's close says what it could not deliver. ``reason``
+        defaults as :func:`close_reason` says."""
         runs = self.unfinished_runs()
         if not runs:
             return
         why = close_reason(reason)
-        limit = max(r.options.close_timeout for r in runs) if timeout is None else timeout
-        deadline = self.close_deadline(limit)
-        for wait in [r.begin_close(deadline, why) for r in runs]:
+        deadlines = [
+            self.close_deadline(r.options.close_timeout if timeout is None else timeout)
+            for r in runs
+        ]
+        # Every close begins before any is waited for: they run at once on the tracker loop.
+        waits = [r.begin_close(deadline, why) for r, deadline in zip(runs, deadlines)]
+        for wait, deadline in zip(waits, deadlines):
             wait(deadline)
 
     def flush_all(self, timeout: float) -> None:
