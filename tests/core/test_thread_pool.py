@@ -241,8 +241,11 @@ def test_thousand_runs_on_one_root_share_a_few_threads(
     assert result["pool_max_threads"] == 16
     assert result["pool_peak_threads"] <= result["pool_max_threads"]
     assert result["peak_threads"] <= 32
-    # Python allocations only (tracemalloc), with a generous bound: measured at about 55 MB.
-    assert result["tracemalloc_peak_mb"] < 120
+    # Python allocations only (tracemalloc), with a generous bound: measured at 47 to 59 MB on
+    # a quiet machine, and up to 127 MB while other test suites took the CPUs (the flusher
+    # then falls behind the 1000 runs' writes, which wait in memory meanwhile): what it
+    # catches is growth without bound, an order of magnitude above.
+    assert result["tracemalloc_peak_mb"] < 250
 
 
 def test_a_forked_child_gets_a_fresh_pool(monkeypatch: pytest.MonkeyPatch) -> None:
