@@ -454,14 +454,19 @@ class _Storage:
         """``(basename, type)`` of each entry, sorted by name; [] for a missing directory;
         :class:`NotADirectory` for a file. The listing cache is dropped first: other
         processes write here too."""
+        entries: list[dict[str, Any]] | None
         with _mapped(f"listing of {path}"):
             self.fs.invalidate_cache(path)
             try:
                 entries = await self._call("ls", path, detail=True)
             except FileNotFoundError:
                 return []
-            except NotADirectoryError as exc:
-                raise NotADirectory(path) from exc
+            except NotADirectoryError:
+                # Raised outside _mapped: a file on the path (this directory or one above
+                # it) is corrupt data for a read to skip, not a failure of the backend.
+                entries = None
+        if entries is None:
+            raise NotADirectory(path)
         # fsspec lists a file as itself (local, memory and s3 alike).
         if (
             len(entries) == 1
@@ -863,7 +868,12 @@ class AsyncFsspecTracker(AsyncTrackerBase):
         try:
             listing = await self._storage.ls(directory)
         except NotADirectory:
-            skipped.add(directory, "a file where a directory should be")
+            # This folder, or the run's directory above it, is a file: name the one it is.
+            parent = posixpath.dirname(directory)
+            if await self._storage.exists(parent) and not await self._storage.isdir(parent):
+                skipped.add(parent, "a file where the run's directory should be")
+            else:
+                skipped.add(directory, "a file where a directory should be")
             return [], False
         names: list[str] = []
         for name, kind in listing:
@@ -1046,8 +1056,12 @@ class _Skipped:
 
     def __init__(self) -> None:
         self.entries: list[str] = []
+        self.paths: set[str] = set()
 
     def add(self, path: str, why: object) -> None:
+        if path in self.paths:
+            return  # one read that meets a path twice (a run directory that is a file)
+        self.paths.add(path)
         if isinstance(why, BaseException):
             why = f"{type(why).__name__}: {why}"
         text = str(why)
