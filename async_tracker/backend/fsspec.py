@@ -110,7 +110,6 @@ if sys.version_info < (3, 11):  # pragma: no cover - 3.10
 logger = logging.getLogger(__name__)
 
 _NAME = operator.itemgetter(0)
-_STEP_TIME = operator.itemgetter(2, 3)
 # Builds a TrackerMetric from a 4-tuple without its Python __new__ (a C call per point).
 _METRIC = itertools.repeat(TrackerMetric)
 
@@ -998,17 +997,21 @@ class AsyncFsspecTracker(AsyncTrackerBase):
         skipped = _Skipped()
         directory = self._path(run_id, METRICS_DIR)
         files, _ = await self._read_files(directory, skipped)
-        # Keyed by (step, client timestamp): a point written twice (a retry whose first try
-        # reached the store after all) is one point.
-        points: dict[str, dict[tuple[int, float], TrackerMetric]] = {}
+        # Every point of every segment, none merged with another: a segment's name is fixed
+        # by its batch (its key and content) before any write, so a retry or a replay of the
+        # batch overwrites its own segment and never adds one; two points alike (a step, a
+        # clock tick, a value) are two writes. Segments sort by name, which is write order
+        # (the key's time, writer, sequence), and the sort below is stable: points of one
+        # step keep the order they were logged in.
+        points: dict[str, list[TrackerMetric]] = {}
         for name, data in files:
             segment, bad = _parse_segment(data)
             if bad:
                 skipped.add(posixpath.join(directory, name), bad)
             for metric, seg_points in segment.items():
-                points.setdefault(metric, {}).update(zip(map(_STEP_TIME, seg_points), seg_points))
+                points.setdefault(metric, []).extend(seg_points)
         skipped.warn()
-        return {name: sort_points(list(p.values())) for name, p in points.items()}
+        return {name: sort_points(p) for name, p in points.items()}
 
     def __repr__(self) -> str:
         return f"AsyncFsspecTracker({type(self.fs).__name__}, {self.root_dir!r})"

@@ -25,8 +25,11 @@ and the retry must not store the points twice. Parts of a batch stored before a 
 marked in ``batch.done`` and skipped by the retry. Side files are written to a temporary
 name and renamed; those of a batch with a key are named after it and their content, so that
 a replay after a crash overwrites them. Event files cannot be overwritten: after a crash,
-the batch that was in flight may be in two event files. ``metrics()`` keys points by (step,
-client timestamp) and reads them once; TensorBoard keeps the last point it reads at a step.
+the batch that was in flight may be in two event files. So each batch's scalars follow an
+event naming the batch (its key) and its number of points (``BATCH_TAG``, a plugin
+TensorBoard does not show); ``metrics()`` reads a batch's n-th point once, and keeps every
+other point, however alike (one step, one clock tick). TensorBoard's own views keep one
+point per step.
 
 Path escaping of each "/"-part of a run id: ``%`` becomes ``%25``, NUL ``%00``, a lone
 surrogate ``%uXXXX``, a leading ``.`` ``%2E``, an empty part ``%``, and a part over 200 bytes
@@ -115,6 +118,11 @@ METADATA_TAG = TAG_PREFIX + "metadata"
 ARTIFACTS_TAG = TAG_PREFIX + "artifacts"
 SOURCES_TAG = TAG_PREFIX + "sources"
 STATUS_TAG = TAG_PREFIX + "status"
+# Each batch's scalars follow one event naming the batch (its key) and how many points it
+# holds: what tells a replayed batch (a crash, then the spool) from new points. Its summary
+# is of a plugin TensorBoard does not have, which its views ignore.
+BATCH_TAG = TAG_PREFIX + "batch"
+BATCH_PLUGIN = "async_tracker_batch"
 RESERVED_PREFIXES = (TAG_PREFIX, "_hparams_/")
 FILE_VERSION = "brain.Event:2"  # also tells TensorBoard not to purge on a step going back
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
@@ -561,20 +569,21 @@ class AsyncTensorBoardTracker(AsyncTrackerBase):
         logdir = self.logdir(run_id)
         skipped: list[str] = []
         files = sorted(n for n in _listdir(logdir, skipped) if "tfevents" in n)
-        points: dict[str, dict[tuple[int, float], TrackerMetric]] = {}
+        points: dict[str, list[TrackerMetric]] = {}
         scalar_tags: dict[str, bool] = {}
+        seen: set[tuple[str, int]] = set()
         for name in files:
             path = os.path.join(logdir, name)
             try:
-                _read_event_file(path, points, scalar_tags)
+                _read_event_file(path, points, scalar_tags, seen)
             except FileNotFoundError:
                 continue
             except (OSError, DecodeError, ValueError, TypeError, tf.errors.OpError):
                 skipped.append(path)
         _warn(skipped)
-        # Keyed by (step, client timestamp): a point stored twice (a batch replayed after
-        # a crash) is read once.
-        return {name: sort_points(list(p.values())) for name, p in points.items()}
+        # Files in name order (a process's files by creation time), points in file order:
+        # the stable sort keeps points of one step in the order they were logged.
+        return {name: sort_points(p) for name, p in points.items()}
 
 
 def _check_text(text: str, what: str) -> None:
@@ -622,8 +631,38 @@ def _encode_events(state: _Run, batch: Batch) -> _Events:
     except (ValueError, TypeError) as exc:
         raise RecordError(f"tensorboard cannot encode a text summary: {exc}") from exc
     if batch.metrics and "metrics" not in batch.done:
+        # The batch's identity: its key, fixed before any write-ahead line, so that a replay
+        # names the same batch; a batch without one (a direct call) gets a name of its own,
+        # kept in batch.names for a retry of the same call.
+        ident = batch.key or batch.names.setdefault("records", _new_name())
+        records.append(_batch_event(ident, len(batch.metrics), now))
         records += _scalar_events(batch.metrics, tags)
     return _Events(_framed(records), tags, (metadata, artifacts, sources))
+
+
+def _batch_event(ident: str, points: int, wall_time: float) -> bytes:
+    """The event that names the batch whose ``points`` scalars follow it in the file (at
+    step 0, as the run's text tables: a step of a point may be beyond what events hold)."""
+    event = event_pb2.Event(wall_time=wall_time, step=0)
+    value = event.summary.value.add(tag=BATCH_TAG)
+    value.metadata.plugin_data.plugin_name = BATCH_PLUGIN
+    value.tensor.dtype = types_pb2.DT_STRING
+    value.tensor.string_val.append(_json({"batch": ident, "points": points}))
+    return bytes(event.SerializeToString())
+
+
+def _batch_of(value: Any) -> tuple[str, int] | None:
+    """``(identity, points)`` of a batch event's value, None for any other value."""
+    if value.tag != BATCH_TAG or value.metadata.plugin_data.plugin_name != BATCH_PLUGIN:
+        return None
+    try:
+        content = json.loads(value.tensor.string_val[0])
+        ident, points = content["batch"], content["points"]
+    except (IndexError, ValueError, TypeError, KeyError, RecursionError):
+        return None
+    if not isinstance(ident, str) or type(points) is not int:
+        return None
+    return ident, points
 
 
 def _scalar_events(metrics: Sequence[TrackerMetric], tags: set[str]) -> list[bytes]:
@@ -656,17 +695,28 @@ def _scalar_events(metrics: Sequence[TrackerMetric], tags: set[str]) -> list[byt
 
 def _read_event_file(
     path: str,
-    points: dict[str, dict[tuple[int, float], TrackerMetric]],
+    points: dict[str, list[TrackerMetric]],
     scalar_tags: dict[str, bool],
+    seen: set[tuple[str, int]],
 ) -> None:
     """Adds the scalars of one event file: ours (the exact ``double_val``), and those of
-    other writers (``simple_value``, one-element tensors) found in the same folder."""
+    other writers (``simple_value``, one-element tensors) found in the same folder.
+
+    A point that follows a batch event is the batch's n-th: ``(batch, n)`` in ``seen`` means
+    a replay of the batch stored it already (in this file or an earlier one), and it is
+    skipped. Every other point is kept, however alike another."""
+    batch: str | None = None
+    index = left = 0
     for raw in RawEventFileLoader(path).Load():
         event = event_pb2.Event.FromString(raw)
         if not event.HasField("summary"):
             continue
         for value in event.summary.value:
             tag = value.tag
+            found = _batch_of(value)
+            if found is not None:
+                (batch, left), index = found, 0
+                continue
             if value.HasField("metadata") and tag not in scalar_tags:
                 scalar_tags[tag] = value.metadata.plugin_data.plugin_name == _SCALAR_PLUGIN
             kind = value.WhichOneof("value")
@@ -683,8 +733,15 @@ def _read_event_file(
                     number = float(array.reshape(()))
             else:
                 continue
+            if left > 0:
+                assert batch is not None
+                ident = (batch, index)
+                index, left = index + 1, left - 1
+                if ident in seen:
+                    continue
+                seen.add(ident)
             metric = TrackerMetric(tag, number, int(event.step), float(event.wall_time))
-            points.setdefault(tag, {})[(metric.step, metric.timestamp)] = metric
+            points.setdefault(tag, []).append(metric)
 
 
 def _parse_record(data: bytes) -> _Records:
