@@ -8,7 +8,11 @@ Layout under the root (``tensorboard --logdir <root>`` shows every run)::
                                 scalar (float32 for TensorBoard to plot, with the exact float64
                                 beside it; its step; the client's wall time);
                                 metadata, artifacts, sources and the end status as text
-                                tables at step 0; simple metadata values as hparams
+                                tables at step 0; simple metadata values as hparams. A
+                                metadata change writes the keys changed since the last
+                                full table (``METADATA_CHANGES_TAG``), and the full table
+                                (with the hparams) only once those changes add up to its
+                                size: the two tables together show every key
         .async_tracker/
             run.json            {"run_id": ...}: the exact id (directory names escape it)
             <key>-<digest>.json one file per flush holding metadata, artifacts, sources,
@@ -115,6 +119,10 @@ TMP_PREFIX = ".tmp-"
 # Text tags of the run's records; metric names may not take them (see ``validate``).
 TAG_PREFIX = "async_tracker/"
 METADATA_TAG = TAG_PREFIX + "metadata"
+# The keys changed since the last full metadata table, with their values: a metadata change
+# writes this (small) table, not the whole one again. What the run holds is the full table
+# overlaid with this one.
+METADATA_CHANGES_TAG = TAG_PREFIX + "metadata_changes"
 ARTIFACTS_TAG = TAG_PREFIX + "artifacts"
 SOURCES_TAG = TAG_PREFIX + "sources"
 STATUS_TAG = TAG_PREFIX + "status"
@@ -206,7 +214,7 @@ def _cell(value: object) -> str:
     return "`" + text.replace("`", "'") + "`"
 
 
-def _text_event(tag: str, rows: list[list[str]], wall_time: float) -> bytes:
+def _text_event(tag: str, rows: list[list[str]] | str, wall_time: float) -> bytes:
     """A text summary at step 0: the text plugin shows a two-column array as a table, and
     a later table at the same step replaces the earlier one in TensorBoard's view."""
     data = np.array(rows, dtype=np.object_)
@@ -252,9 +260,52 @@ class _Run:
     events: str | None = None  # this process's event file, None until the first append
     tags: set[str] = field(default_factory=set)  # tags whose metadata the file holds
     marked: bool = False  # run.json written
-    metadata: dict[str, object] = field(default_factory=dict)
+    metadata: _Table = field(default_factory=lambda: _Table())
     artifacts: dict[str, TrackerArtifact] = field(default_factory=dict)
     sources: list[TrackerSource] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class _Table:
+    """The metadata tables this process has shown for one run: ``merged`` (every key, as
+    this process wrote them), ``changes`` (the keys written since the last full table was),
+    the size of that full table's events, and the bytes of changes tables written since.
+
+    A change writes the changes table alone until the changes tables written since the
+    last full table add up to its size; then the full table is written again, and the
+    changes start afresh. So a run writes metadata bytes in proportion to what it changes
+    (a large config then many small updates write the config about once), while the two
+    tables together always show every key's last value."""
+
+    merged: dict[str, object] = field(default_factory=dict)
+    changes: dict[str, object] = field(default_factory=dict)
+    full_bytes: int = 0
+    changes_bytes: int = 0
+
+    def events(self, update: Mapping[str, object], now: float) -> tuple[list[bytes], _Table]:
+        """The events that show ``update``, and the tables once they are written."""
+        merged = {**self.merged, **update}
+        changes = {**self.changes, **update}
+        table = _text_event(METADATA_CHANGES_TAG, _rows(changes), now)
+        written = self.changes_bytes + len(table)
+        if self.full_bytes and written < self.full_bytes:
+            return [table], _Table(merged, changes, self.full_bytes, written)
+        records = [_text_event(METADATA_TAG, _rows(merged), now)]
+        # hparams hold every simple value, so they go with the full table.
+        hparams = _hparams_event(merged, now)
+        if hparams is not None:
+            records.append(hparams)
+        if self.changes:
+            # The full table holds the changes now: the changes table shows none.
+            records.append(_text_event(METADATA_CHANGES_TAG, _NO_CHANGES, now))
+        return records, _Table(merged, {}, sum(map(len, records)), 0)
+
+
+_NO_CHANGES = "none since the last full table"
+
+
+def _rows(metadata: Mapping[str, object]) -> list[list[str]]:
+    return [[_cell(k), _cell(v)] for k, v in metadata.items()]
 
 
 @dataclass
@@ -601,7 +652,7 @@ class _Events:
 
     data: bytes
     tags: set[str]
-    views: tuple[dict[str, object], dict[str, TrackerArtifact], list[TrackerSource]]
+    views: tuple[_Table, dict[str, TrackerArtifact], list[TrackerSource]]
 
 
 def _encode_events(state: _Run, batch: Batch) -> _Events:
@@ -614,12 +665,8 @@ def _encode_events(state: _Run, batch: Batch) -> _Events:
     metadata, artifacts, sources = state.metadata, state.artifacts, state.sources
     try:
         if batch.metadata:
-            metadata = {**metadata, **batch.metadata}
-            rows = [[_cell(k), _cell(v)] for k, v in metadata.items()]
-            records.append(_text_event(METADATA_TAG, rows, now))
-            hparams = _hparams_event(metadata, now)
-            if hparams is not None:
-                records.append(hparams)
+            shown, metadata = metadata.events(batch.metadata, now)
+            records += shown
         if batch.artifacts:
             artifacts = {**artifacts, **batch.artifacts}
             rows = [[_cell(a.name), _cell(a.path), _cell(a.metadata)] for a in artifacts.values()]
