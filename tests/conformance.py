@@ -51,6 +51,9 @@ from async_tracker import (
 from async_tracker.base import END_PART, Checked, CloseReason
 from async_tracker.errors import classify
 
+# Batch keys as a pipeline cuts them ("<time ns>-<writer token>-<sequence>").
+REPLAY_KEY = "1700000000000000000-1700000000000000000xab12cd-000000000001"
+REPLAY_KEY_2 = "1700000000000000001-1700000000000000000xab12cd-000000000002"
 T0 = 1_700_000_000.0  # a fixed, whole-second epoch time for points written directly
 
 METADATA = {
@@ -322,14 +325,27 @@ class BackendConformance:
         assert math.isnan(got[0].value)
         assert got[1].value == math.inf and got[2].value == -math.inf
 
-    async def test_metric_point_written_twice_is_stored_once(
+    async def test_metric_batch_replayed_is_stored_once(
         self, backend: AsyncTrackerBase, run_id: str
     ) -> None:
-        # A retried write sends the same points (same client timestamps) again.
+        # A replay after a crash: the batch as the spool kept it (same key, same points, same
+        # client timestamps), with nothing marked done, written again.
         points = [pt("loss", 0.5, 0, 1), pt("loss", 0.4, 1, 2)]
-        await backend.add_metrics(run_id, points)
-        await backend.add_metrics(run_id, points)
+        for _ in range(2):
+            await backend.write_batch(run_id, Batch(seq=1, metrics=list(points), key=REPLAY_KEY))
         assert same_points((await backend.metrics(run_id))["loss"], points)
+
+    async def test_metric_points_alike_are_all_kept(
+        self, backend: AsyncTrackerBase, run_id: str
+    ) -> None:
+        # Points of one step logged within one clock tick are distinct points, in one batch
+        # or in two: none is merged with another.
+        first = [pt("loss", 0.5, 0, 1), pt("loss", 0.25, 0, 1)]
+        second = [pt("loss", 0.125, 0, 1)]
+        await backend.write_batch(run_id, Batch(seq=1, metrics=first, key=REPLAY_KEY))
+        await backend.write_batch(run_id, Batch(seq=2, metrics=second, key=REPLAY_KEY_2))
+        got = (await backend.metrics(run_id))["loss"]
+        assert sorted(p.value for p in got) == [0.125, 0.25, 0.5], got
 
     # -- batches -------------------------------------------------------------------------------
     def _batch(self, run_id: str) -> Batch:

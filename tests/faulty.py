@@ -393,14 +393,16 @@ class MetricDictTracker(DictTracker):
 
     def __init__(self, name: str | None = None) -> None:
         super().__init__(name)
-        self.points: dict[str, dict[str, dict[tuple[int, float], TrackerMetric]]] = {}
+        # Keyed by content, as a store without batch identities (MLflow's) keeps points: a
+        # replay is read once; points that differ in value alone are all kept.
+        self.points: dict[str, dict[str, dict[tuple[int, float, str], TrackerMetric]]] = {}
 
     def add_metrics(self, run_id: str, metrics: Sequence[TrackerMetric]) -> None:
         with self.lock:
             self.md.setdefault(run_id, {})
             store = self.points.setdefault(run_id, {})
             for m in metrics:
-                store.setdefault(m.name, {})[(m.step, m.timestamp)] = m
+                store.setdefault(m.name, {})[(m.step, m.timestamp, repr(m.value))] = m
 
     def metrics(self, run_id: str) -> Mapping[str, Sequence[TrackerMetric]]:
         with self.lock:
@@ -460,7 +462,7 @@ class FileTracker(AsyncTrackerBase):
     so what a dying process wrote is on disk). Each line carries the writer's pid.
 
     Reads replay the file: metadata merged in order, last artifact of a name wins, sources
-    once, metric points keyed by (step, timestamp).
+    once, metric points keyed by content (step, timestamp, value).
     """
 
     def __init__(self, path: str | os.PathLike[str], name: str | None = None) -> None:
@@ -543,8 +545,9 @@ class FileTracker(AsyncTrackerBase):
         self._append("metrics", run_id, points=[list(m) for m in metrics])
 
     async def metrics(self, run_id: str) -> Mapping[str, Sequence[TrackerMetric]]:
-        store: dict[str, dict[tuple[int, float], TrackerMetric]] = {}
+        store: dict[str, dict[tuple[int, float, str], TrackerMetric]] = {}
         for x in self._of(run_id, "metrics"):
             for name, value, step, ts in x["points"]:
-                store.setdefault(name, {})[(step, ts)] = TrackerMetric(name, value, step, ts)
+                point = TrackerMetric(name, value, step, ts)
+                store.setdefault(name, {})[(step, ts, repr(value))] = point
         return {n: sort_points(list(p.values())) for n, p in store.items()}

@@ -110,7 +110,6 @@ if sys.version_info < (3, 11):  # pragma: no cover - 3.10
 logger = logging.getLogger(__name__)
 
 _NAME = operator.itemgetter(0)
-_STEP_TIME = operator.itemgetter(2, 3)
 # Builds a TrackerMetric from a 4-tuple without its Python __new__ (a C call per point).
 _METRIC = itertools.repeat(TrackerMetric)
 
@@ -454,14 +453,19 @@ class _Storage:
         """``(basename, type)`` of each entry, sorted by name; [] for a missing directory;
         :class:`NotADirectory` for a file. The listing cache is dropped first: other
         processes write here too."""
+        entries: list[dict[str, Any]] | None
         with _mapped(f"listing of {path}"):
             self.fs.invalidate_cache(path)
             try:
                 entries = await self._call("ls", path, detail=True)
             except FileNotFoundError:
                 return []
-            except NotADirectoryError as exc:
-                raise NotADirectory(path) from exc
+            except NotADirectoryError:
+                # Raised outside _mapped: a file on the path (this directory or one above
+                # it) is corrupt data for a read to skip, not a failure of the backend.
+                entries = None
+        if entries is None:
+            raise NotADirectory(path)
         # fsspec lists a file as itself (local, memory and s3 alike).
         if (
             len(entries) == 1
@@ -863,7 +867,12 @@ class AsyncFsspecTracker(AsyncTrackerBase):
         try:
             listing = await self._storage.ls(directory)
         except NotADirectory:
-            skipped.add(directory, "a file where a directory should be")
+            # This folder, or the run's directory above it, is a file: name the one it is.
+            parent = posixpath.dirname(directory)
+            if await self._storage.exists(parent) and not await self._storage.isdir(parent):
+                skipped.add(parent, "a file where the run's directory should be")
+            else:
+                skipped.add(directory, "a file where a directory should be")
             return [], False
         names: list[str] = []
         for name, kind in listing:
@@ -988,17 +997,21 @@ class AsyncFsspecTracker(AsyncTrackerBase):
         skipped = _Skipped()
         directory = self._path(run_id, METRICS_DIR)
         files, _ = await self._read_files(directory, skipped)
-        # Keyed by (step, client timestamp): a point written twice (a retry whose first try
-        # reached the store after all) is one point.
-        points: dict[str, dict[tuple[int, float], TrackerMetric]] = {}
+        # Every point of every segment, none merged with another: a segment's name is fixed
+        # by its batch (its key and content) before any write, so a retry or a replay of the
+        # batch overwrites its own segment and never adds one; two points alike (a step, a
+        # clock tick, a value) are two writes. Segments sort by name, which is write order
+        # (the key's time, writer, sequence), and the sort below is stable: points of one
+        # step keep the order they were logged in.
+        points: dict[str, list[TrackerMetric]] = {}
         for name, data in files:
             segment, bad = _parse_segment(data)
             if bad:
                 skipped.add(posixpath.join(directory, name), bad)
             for metric, seg_points in segment.items():
-                points.setdefault(metric, {}).update(zip(map(_STEP_TIME, seg_points), seg_points))
+                points.setdefault(metric, []).extend(seg_points)
         skipped.warn()
-        return {name: sort_points(list(p.values())) for name, p in points.items()}
+        return {name: sort_points(p) for name, p in points.items()}
 
     def __repr__(self) -> str:
         return f"AsyncFsspecTracker({type(self.fs).__name__}, {self.root_dir!r})"
@@ -1046,8 +1059,12 @@ class _Skipped:
 
     def __init__(self) -> None:
         self.entries: list[str] = []
+        self.paths: set[str] = set()
 
     def add(self, path: str, why: object) -> None:
+        if path in self.paths:
+            return  # one read that meets a path twice (a run directory that is a file)
+        self.paths.add(path)
         if isinstance(why, BaseException):
             why = f"{type(why).__name__}: {why}"
         text = str(why)

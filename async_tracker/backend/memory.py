@@ -11,6 +11,7 @@ assert on what it recorded::
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -31,20 +32,20 @@ class _Run:
     metadata: dict[str, object] = field(default_factory=dict)
     artifacts: dict[str, TrackerArtifact] = field(default_factory=dict)
     sources: list[TrackerSource] = field(default_factory=list)
-    # Every point written, of every name, in write order, as the batches held them (plain
-    # tuples, or TrackerMetric): a write is one list.extend, in C, and a retry that writes a
-    # point again only appends it again. Reads make TrackerMetric objects and keep each
-    # (name, step, time) once, as a backend keyed by them would: the writes cost the
-    # flusher nothing per point, the deduplication is paid by the (rare) reads.
-    rows: list[MetricRow] = field(default_factory=list)
+    # The points of each batch written, by the batch's identity (its key), in write order,
+    # as the batches held them (plain tuples, or TrackerMetric): a write is one dict store,
+    # with no cost per point. A replay of a batch (same key) replaces its points, as a store
+    # with deterministic object names overwrites them; points are never merged otherwise, so
+    # two points alike (same step, same clock tick) are both kept. Reads make the objects.
+    batches: dict[str, Sequence[MetricRow]] = field(default_factory=dict)
     # How the run ended (its end record), None while it has not.
     ended: CloseReason | None = None
 
     def points(self, name: str | None = None) -> list[TrackerMetric]:
-        """The points of ``name`` (default: every name), each stored once, ordered by step
-        then time."""
-        unique = {(p[0], p[2], p[3]): p for p in self.rows if name in (None, p[0])}
-        return sort_points(list(map(TrackerMetric._make, unique.values())))
+        """The points of ``name`` (default: every name), ordered by step, then time, then
+        write order."""
+        rows = [p for rows in self.batches.values() for p in rows if name in (None, p[0])]
+        return sort_points(list(map(TrackerMetric._make, rows)))
 
     def by_name(self) -> dict[str, list[TrackerMetric]]:
         out: dict[str, list[TrackerMetric]] = {}
@@ -54,13 +55,15 @@ class _Run:
 
 
 class InMemoryTracker(AsyncTrackerBase):
-    """Runs kept in a dict. Metric points are told apart by (name, step, timestamp), so a
-    point written twice (a retry) is read once, as real backends store it."""
+    """Runs kept in a dict. Metric points are kept per batch, by the batch's key: a replay
+    of a batch replaces its points (it is read once, as real backends store it), and every
+    other point is kept, however alike."""
 
     def __init__(self, name: str | None = None) -> None:
         self.name = name
         self.runs: dict[str, _Run] = {}
         self.batches_written = 0
+        self._unkeyed = itertools.count()
 
     def _run(self, run_id: str) -> _Run:
         return self.runs.setdefault(run_id, _Run())
@@ -118,10 +121,12 @@ class InMemoryTracker(AsyncTrackerBase):
         ]
 
     async def add_metrics(self, run_id: str, metrics: Sequence[TrackerMetric]) -> None:
-        self._store(run_id, metrics)
+        self._store(run_id, metrics, "")
 
-    def _store(self, run_id: str, points: Sequence[MetricRow]) -> None:
-        self._run(run_id).rows.extend(points)
+    def _store(self, run_id: str, points: Sequence[MetricRow], key: str) -> None:
+        batches = self._run(run_id).batches
+        # A batch without a key (a direct call) is a write of its own, never a replay.
+        batches[key or f"\x00{next(self._unkeyed)}"] = list(points)  # a copy, in C
 
     async def metrics(self, run_id: str) -> Mapping[str, Sequence[TrackerMetric]]:
         run = self.runs.get(run_id)
@@ -141,7 +146,7 @@ class InMemoryTracker(AsyncTrackerBase):
         # The points as the batch holds them (no TrackerMetric per point: reads make them);
         # the rest as the default does.
         if batch.points() and "metrics" not in batch.done:
-            self._store(run_id, batch.metric_rows())
+            self._store(run_id, batch.metric_rows(), batch.key)
             batch.done.add("metrics")
         await super().write_batch(run_id, batch)
         self.batches_written += 1

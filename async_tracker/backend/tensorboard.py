@@ -8,7 +8,11 @@ Layout under the root (``tensorboard --logdir <root>`` shows every run)::
                                 scalar (float32 for TensorBoard to plot, with the exact float64
                                 beside it; its step; the client's wall time);
                                 metadata, artifacts, sources and the end status as text
-                                tables at step 0; simple metadata values as hparams
+                                tables at step 0; simple metadata values as hparams. A
+                                metadata change writes the keys changed since the last
+                                full table (``METADATA_CHANGES_TAG``), and the full table
+                                (with the hparams) only once those changes add up to its
+                                size: the two tables together show every key
         .async_tracker/
             run.json            {"run_id": ...}: the exact id (directory names escape it)
             <key>-<digest>.json one file per flush holding metadata, artifacts, sources,
@@ -25,8 +29,11 @@ and the retry must not store the points twice. Parts of a batch stored before a 
 marked in ``batch.done`` and skipped by the retry. Side files are written to a temporary
 name and renamed; those of a batch with a key are named after it and their content, so that
 a replay after a crash overwrites them. Event files cannot be overwritten: after a crash,
-the batch that was in flight may be in two event files. ``metrics()`` keys points by (step,
-client timestamp) and reads them once; TensorBoard keeps the last point it reads at a step.
+the batch that was in flight may be in two event files. So each batch's scalars follow an
+event naming the batch (its key) and its number of points (``BATCH_TAG``, a plugin
+TensorBoard does not show); ``metrics()`` reads a batch's n-th point once, and keeps every
+other point, however alike (one step, one clock tick). TensorBoard's own views keep one
+point per step.
 
 Path escaping of each "/"-part of a run id: ``%`` becomes ``%25``, NUL ``%00``, a lone
 surrogate ``%uXXXX``, a leading ``.`` ``%2E``, an empty part ``%``, and a part over 200 bytes
@@ -112,9 +119,18 @@ TMP_PREFIX = ".tmp-"
 # Text tags of the run's records; metric names may not take them (see ``validate``).
 TAG_PREFIX = "async_tracker/"
 METADATA_TAG = TAG_PREFIX + "metadata"
+# The keys changed since the last full metadata table, with their values: a metadata change
+# writes this (small) table, not the whole one again. What the run holds is the full table
+# overlaid with this one.
+METADATA_CHANGES_TAG = TAG_PREFIX + "metadata_changes"
 ARTIFACTS_TAG = TAG_PREFIX + "artifacts"
 SOURCES_TAG = TAG_PREFIX + "sources"
 STATUS_TAG = TAG_PREFIX + "status"
+# Each batch's scalars follow one event naming the batch (its key) and how many points it
+# holds: what tells a replayed batch (a crash, then the spool) from new points. Its summary
+# is of a plugin TensorBoard does not have, which its views ignore.
+BATCH_TAG = TAG_PREFIX + "batch"
+BATCH_PLUGIN = "async_tracker_batch"
 RESERVED_PREFIXES = (TAG_PREFIX, "_hparams_/")
 FILE_VERSION = "brain.Event:2"  # also tells TensorBoard not to purge on a step going back
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
@@ -198,7 +214,7 @@ def _cell(value: object) -> str:
     return "`" + text.replace("`", "'") + "`"
 
 
-def _text_event(tag: str, rows: list[list[str]], wall_time: float) -> bytes:
+def _text_event(tag: str, rows: list[list[str]] | str, wall_time: float) -> bytes:
     """A text summary at step 0: the text plugin shows a two-column array as a table, and
     a later table at the same step replaces the earlier one in TensorBoard's view."""
     data = np.array(rows, dtype=np.object_)
@@ -244,9 +260,52 @@ class _Run:
     events: str | None = None  # this process's event file, None until the first append
     tags: set[str] = field(default_factory=set)  # tags whose metadata the file holds
     marked: bool = False  # run.json written
-    metadata: dict[str, object] = field(default_factory=dict)
+    metadata: _Table = field(default_factory=lambda: _Table())
     artifacts: dict[str, TrackerArtifact] = field(default_factory=dict)
     sources: list[TrackerSource] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class _Table:
+    """The metadata tables this process has shown for one run: ``merged`` (every key, as
+    this process wrote them), ``changes`` (the keys written since the last full table was),
+    the size of that full table's events, and the bytes of changes tables written since.
+
+    A change writes the changes table alone until the changes tables written since the
+    last full table add up to its size; then the full table is written again, and the
+    changes start afresh. So a run writes metadata bytes in proportion to what it changes
+    (a large config then many small updates write the config about once), while the two
+    tables together always show every key's last value."""
+
+    merged: dict[str, object] = field(default_factory=dict)
+    changes: dict[str, object] = field(default_factory=dict)
+    full_bytes: int = 0
+    changes_bytes: int = 0
+
+    def events(self, update: Mapping[str, object], now: float) -> tuple[list[bytes], _Table]:
+        """The events that show ``update``, and the tables once they are written."""
+        merged = {**self.merged, **update}
+        changes = {**self.changes, **update}
+        table = _text_event(METADATA_CHANGES_TAG, _rows(changes), now)
+        written = self.changes_bytes + len(table)
+        if self.full_bytes and written < self.full_bytes:
+            return [table], _Table(merged, changes, self.full_bytes, written)
+        records = [_text_event(METADATA_TAG, _rows(merged), now)]
+        # hparams hold every simple value, so they go with the full table.
+        hparams = _hparams_event(merged, now)
+        if hparams is not None:
+            records.append(hparams)
+        if self.changes:
+            # The full table holds the changes now: the changes table shows none.
+            records.append(_text_event(METADATA_CHANGES_TAG, _NO_CHANGES, now))
+        return records, _Table(merged, {}, sum(map(len, records)), 0)
+
+
+_NO_CHANGES = "none since the last full table"
+
+
+def _rows(metadata: Mapping[str, object]) -> list[list[str]]:
+    return [[_cell(k), _cell(v)] for k, v in metadata.items()]
 
 
 @dataclass
@@ -561,20 +620,21 @@ class AsyncTensorBoardTracker(AsyncTrackerBase):
         logdir = self.logdir(run_id)
         skipped: list[str] = []
         files = sorted(n for n in _listdir(logdir, skipped) if "tfevents" in n)
-        points: dict[str, dict[tuple[int, float], TrackerMetric]] = {}
+        points: dict[str, list[TrackerMetric]] = {}
         scalar_tags: dict[str, bool] = {}
+        seen: set[tuple[str, int]] = set()
         for name in files:
             path = os.path.join(logdir, name)
             try:
-                _read_event_file(path, points, scalar_tags)
+                _read_event_file(path, points, scalar_tags, seen)
             except FileNotFoundError:
                 continue
             except (OSError, DecodeError, ValueError, TypeError, tf.errors.OpError):
                 skipped.append(path)
         _warn(skipped)
-        # Keyed by (step, client timestamp): a point stored twice (a batch replayed after
-        # a crash) is read once.
-        return {name: sort_points(list(p.values())) for name, p in points.items()}
+        # Files in name order (a process's files by creation time), points in file order:
+        # the stable sort keeps points of one step in the order they were logged.
+        return {name: sort_points(p) for name, p in points.items()}
 
 
 def _check_text(text: str, what: str) -> None:
@@ -592,7 +652,7 @@ class _Events:
 
     data: bytes
     tags: set[str]
-    views: tuple[dict[str, object], dict[str, TrackerArtifact], list[TrackerSource]]
+    views: tuple[_Table, dict[str, TrackerArtifact], list[TrackerSource]]
 
 
 def _encode_events(state: _Run, batch: Batch) -> _Events:
@@ -605,12 +665,8 @@ def _encode_events(state: _Run, batch: Batch) -> _Events:
     metadata, artifacts, sources = state.metadata, state.artifacts, state.sources
     try:
         if batch.metadata:
-            metadata = {**metadata, **batch.metadata}
-            rows = [[_cell(k), _cell(v)] for k, v in metadata.items()]
-            records.append(_text_event(METADATA_TAG, rows, now))
-            hparams = _hparams_event(metadata, now)
-            if hparams is not None:
-                records.append(hparams)
+            shown, metadata = metadata.events(batch.metadata, now)
+            records += shown
         if batch.artifacts:
             artifacts = {**artifacts, **batch.artifacts}
             rows = [[_cell(a.name), _cell(a.path), _cell(a.metadata)] for a in artifacts.values()]
@@ -622,8 +678,38 @@ def _encode_events(state: _Run, batch: Batch) -> _Events:
     except (ValueError, TypeError) as exc:
         raise RecordError(f"tensorboard cannot encode a text summary: {exc}") from exc
     if batch.metrics and "metrics" not in batch.done:
+        # The batch's identity: its key, fixed before any write-ahead line, so that a replay
+        # names the same batch; a batch without one (a direct call) gets a name of its own,
+        # kept in batch.names for a retry of the same call.
+        ident = batch.key or batch.names.setdefault("records", _new_name())
+        records.append(_batch_event(ident, len(batch.metrics), now))
         records += _scalar_events(batch.metrics, tags)
     return _Events(_framed(records), tags, (metadata, artifacts, sources))
+
+
+def _batch_event(ident: str, points: int, wall_time: float) -> bytes:
+    """The event that names the batch whose ``points`` scalars follow it in the file (at
+    step 0, as the run's text tables: a step of a point may be beyond what events hold)."""
+    event = event_pb2.Event(wall_time=wall_time, step=0)
+    value = event.summary.value.add(tag=BATCH_TAG)
+    value.metadata.plugin_data.plugin_name = BATCH_PLUGIN
+    value.tensor.dtype = types_pb2.DT_STRING
+    value.tensor.string_val.append(_json({"batch": ident, "points": points}))
+    return bytes(event.SerializeToString())
+
+
+def _batch_of(value: Any) -> tuple[str, int] | None:
+    """``(identity, points)`` of a batch event's value, None for any other value."""
+    if value.tag != BATCH_TAG or value.metadata.plugin_data.plugin_name != BATCH_PLUGIN:
+        return None
+    try:
+        content = json.loads(value.tensor.string_val[0])
+        ident, points = content["batch"], content["points"]
+    except (IndexError, ValueError, TypeError, KeyError, RecursionError):
+        return None
+    if not isinstance(ident, str) or type(points) is not int:
+        return None
+    return ident, points
 
 
 def _scalar_events(metrics: Sequence[TrackerMetric], tags: set[str]) -> list[bytes]:
@@ -656,17 +742,28 @@ def _scalar_events(metrics: Sequence[TrackerMetric], tags: set[str]) -> list[byt
 
 def _read_event_file(
     path: str,
-    points: dict[str, dict[tuple[int, float], TrackerMetric]],
+    points: dict[str, list[TrackerMetric]],
     scalar_tags: dict[str, bool],
+    seen: set[tuple[str, int]],
 ) -> None:
     """Adds the scalars of one event file: ours (the exact ``double_val``), and those of
-    other writers (``simple_value``, one-element tensors) found in the same folder."""
+    other writers (``simple_value``, one-element tensors) found in the same folder.
+
+    A point that follows a batch event is the batch's n-th: ``(batch, n)`` in ``seen`` means
+    a replay of the batch stored it already (in this file or an earlier one), and it is
+    skipped. Every other point is kept, however alike another."""
+    batch: str | None = None
+    index = left = 0
     for raw in RawEventFileLoader(path).Load():
         event = event_pb2.Event.FromString(raw)
         if not event.HasField("summary"):
             continue
         for value in event.summary.value:
             tag = value.tag
+            found = _batch_of(value)
+            if found is not None:
+                (batch, left), index = found, 0
+                continue
             if value.HasField("metadata") and tag not in scalar_tags:
                 scalar_tags[tag] = value.metadata.plugin_data.plugin_name == _SCALAR_PLUGIN
             kind = value.WhichOneof("value")
@@ -683,8 +780,15 @@ def _read_event_file(
                     number = float(array.reshape(()))
             else:
                 continue
+            if left > 0:
+                assert batch is not None
+                ident = (batch, index)
+                index, left = index + 1, left - 1
+                if ident in seen:
+                    continue
+                seen.add(ident)
             metric = TrackerMetric(tag, number, int(event.step), float(event.wall_time))
-            points.setdefault(tag, {})[(metric.step, metric.timestamp)] = metric
+            points.setdefault(tag, []).append(metric)
 
 
 def _parse_record(data: bytes) -> _Records:

@@ -281,7 +281,7 @@ def test_bad_input_raises_naming_the_key_and_enqueues_nothing(
     report = run.flush()
     assert report.ok and report.delivered == 1
     assert mem.runs["r"].metadata == {"before": True}
-    assert mem.runs["r"].rows == [] and mem.runs["r"].artifacts == {}
+    assert mem.runs["r"].batches == {} and mem.runs["r"].artifacts == {}
     assert mem.runs["r"].sources == []
 
 

@@ -4,6 +4,7 @@ backends a run built itself."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import signal
 import sys
@@ -208,6 +209,6 @@ def test_map_error_decides_retry_or_drop(make_run: MakeRun) -> None:
     assert report.delivered == 9 and report.dropped == 1 and not report.spooled, report
     assert run.status().backends["Mapped"].retries >= 2
     # In the order the backend stored them (its dict keeps insertion order).
-    stored = map(TrackerMetric._make, backend.runs["r"].rows)
+    stored = map(TrackerMetric._make, itertools.chain(*backend.runs["r"].batches.values()))
     steps = [p.step for p in stored if p.name == "m"]
     assert steps == [0, 1, 2, 4, 5, 6, 7, 8, 9]

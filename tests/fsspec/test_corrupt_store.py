@@ -4,6 +4,7 @@ warning naming the file, and still returns the good records around it."""
 from __future__ import annotations
 
 import logging
+import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -12,6 +13,7 @@ import fsspec
 import pytest
 
 from async_tracker.backend.fsspec import FsspecTracker, encode_run_id
+from async_tracker.base import Lineage
 
 RUN = "local://corrupt/run"
 PARENT = "local://corrupt/parent"
@@ -50,6 +52,15 @@ class Case:
 
     plant: Callable[[Path], Path]
     check: Callable[[FsspecTracker], None]
+
+
+def replace_run_by_file(root: Path) -> Path:
+    shutil.rmtree(run_dir(root))
+    return put(run_dir(root), "not a directory")
+
+
+def expect(got: object, want: object) -> None:
+    assert got == want
 
 
 def run_dir(root: Path, run_id: str = RUN) -> Path:
@@ -193,6 +204,23 @@ CASES = {
     ),
     "file-for-run-dir": Case(
         lambda r: put(r / encode_run_id("local://corrupt/ghost"), "x"), check_run_ids
+    ),
+    # The run's own directory replaced by a file: each read returns nothing, naming it.
+    "file-for-run-dir-metadata": Case(
+        lambda r: replace_run_by_file(r), lambda t: expect(t.metadata(RUN), {})
+    ),
+    "file-for-run-dir-artifacts": Case(
+        lambda r: replace_run_by_file(r), lambda t: expect(t.artifacts(RUN), {})
+    ),
+    "file-for-run-dir-metrics": Case(
+        lambda r: replace_run_by_file(r), lambda t: expect(t.metrics(RUN), {})
+    ),
+    "file-for-run-dir-lineage": Case(
+        lambda r: replace_run_by_file(r),
+        lambda t: expect(t.lineage(RUN), Lineage(RUN, parents=[], descendants=[])),
+    ),
+    "file-for-run-dir-sources": Case(
+        lambda r: replace_run_by_file(r), lambda t: expect(list(t.sources(RUN)), [])
     ),
     "directory-for-metadata-file": Case(
         lambda r: make_dir(run_dir(r) / "metadata" / "1-dir"), check_metadata
