@@ -48,6 +48,8 @@ class Cutter:
         self.next_seq = 0
         self.last_step: dict[str, int] = {}
         self._last_ns = 0
+        # The stamp of the run's last metadata record (see _mixed).
+        self._last_metadata_ns = 0
 
     def _key(self, seq: int) -> str:
         # Never back in time within a pipeline, even if the wall clock is set back.
@@ -123,6 +125,12 @@ class Cutter:
             kind, payload = rec
             if kind is METADATA:
                 values, ns = payload
+                # Within a run the sequence number orders writes: a stamp not above the run's
+                # previous one (threads racing on the process's clock) is raised just above
+                # it. Only this loop's thread cuts a run, so this needs no lock.
+                if ns <= self._last_metadata_ns:
+                    ns = self._last_metadata_ns + 1
+                self._last_metadata_ns = ns
                 metadata.update(values)
                 batch.metadata_ns.update(dict.fromkeys(values, ns))
             elif kind is ARTIFACT:
