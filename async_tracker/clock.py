@@ -62,13 +62,14 @@ class HybridClock:
         self._last = 0
 
     def stamp(self, wall_ns: int) -> int:
-        # No lock: this runs on the caller's hot path (add_metadata) and a lock would cost
-        # more than the rest of the stamp. Under the GIL two threads racing here can get
-        # equal stamps, or leave ``_last`` a little below the highest stamp given; both only
-        # concern calls made at the same moment on different threads, which have no order of
-        # their own. Within a run the sequence number decides anyway: the cutter (one thread,
-        # the tracker loop) raises a stamp that is not above the run's previous one. A forked
-        # child inherits ``_last`` and goes on from it (no lock to inherit held).
+        # No lock. The metadata clock (run.py) stamps on the callers' threads, on the hot path of
+        # add_metadata, where a lock would add about a tenth to the cost of every call. Under the
+        # GIL two threads racing here can get equal stamps, or leave ``_last`` a little below the
+        # highest stamp given; both only concern calls made at the same moment on different threads,
+        # which have no order of their own. Within a run the sequence number decides anyway: the
+        # cutter (one thread, the tracker loop) raises a stamp that is not above the run's previous
+        # one. The key clock (cutter.py) is only used on the tracker loop's thread: never raced. A
+        # forked child inherits ``_last`` and goes on from it (no lock to inherit held).
         last = self._last
         now = wall_ns if wall_ns > last else last + 1
         self._last = now
