@@ -17,6 +17,7 @@ from async_tracker.clock import HybridClock
 from tests.core.helpers import Child
 
 RUN = "clock/run"
+T0 = 1_700_000_000.0
 
 
 @pytest.fixture(autouse=True)
@@ -24,7 +25,6 @@ def fresh_clock(monkeypatch: pytest.MonkeyPatch) -> None:
     """A new process clock for each test: stamps of earlier tests (real times) would be
     above the injected wall times, which would then only count on from them."""
     monkeypatch.setattr("async_tracker.run._metadata_clock", HybridClock())
-T0 = 1_700_000_000.0
 
 
 def key_files(root: Path) -> list[str]:
