@@ -4,7 +4,9 @@ write of a key wins over its earlier ones, and processes order by their hybrid-c
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -13,6 +15,7 @@ import pytest
 
 from async_tracker import AppRun
 from async_tracker.backend.fsspec import METADATA_DIR, FsspecTracker, encode_run_id
+from async_tracker.backend.memory import InMemoryTracker
 from async_tracker.clock import HybridClock
 from tests.core.helpers import Child
 
@@ -85,6 +88,7 @@ import sys
 import async_tracker.run
 from async_tracker import AppRun
 from async_tracker.clock import HybridClock
+from async_tracker.backend.memory import InMemoryTracker
 from async_tracker.backend.fsspec import FsspecTracker
 import fsspec
 
@@ -149,4 +153,32 @@ def test_two_processes_order_one_key_by_their_hybrid_clocks(
         assert child.readline() == "closed"
         assert child.wait() == 0
     assert read.metadata(RUN) == {"lr": "b3"}
+    assert len(key_files(tmp_path)) == 1
+
+
+def test_threads_writing_one_key_under_a_clock_running_backwards_keep_call_order(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The wall clock goes back at every reading, and four threads write one key at once,
+    # across many batches. The memory backend keeps the run's last write in sequence order;
+    # the store, which merges by stamp, must end with the same value.
+    ticks = itertools.count()  # next() is atomic: each reading is earlier than the last
+    monkeypatch.setattr("async_tracker.run._wall_clock", lambda: T0 - next(ticks) * 1e-3)
+    mem = InMemoryTracker()
+    run = AppRun(RUN, [store(tmp_path), mem], flush_interval=3600, batch_size=16)
+    start = threading.Barrier(4)
+
+    def writer(n: int) -> None:
+        start.wait()
+        for i in range(300):
+            run.add_metadata(lr=[n, i])
+
+    threads = [threading.Thread(target=writer, args=(n,)) for n in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert run.close().ok
+    last = mem.runs[RUN].metadata["lr"]
+    assert store(tmp_path).metadata(RUN) == {"lr": last}
     assert len(key_files(tmp_path)) == 1
