@@ -42,3 +42,35 @@ class Clock:
         self, seconds: float, shield: bool = False
     ) -> AbstractContextManager[anyio.CancelScope]:
         return self.deadline(self.now() + seconds, shield)
+
+
+class HybridClock:
+    """A hybrid logical clock: stamps (integer ns) that follow the wall clock but never go
+    back in this process, so that a clock stepped back (NTP does this) never lets an earlier
+    write of this process win over a later one.
+
+    A stamp is ``max(wall_ns, last + 1)``: the wall time while it moves forward; after a step
+    back, the last stamp plus a counter (1 ns a stamp) until the wall clock passes it again.
+    The counter lives in the low digits of the nanoseconds, so a stamp is a plain ns time:
+    stamps written before this clock existed (the bare wall time) compare with new ones as
+    they always did. Across processes, stamps compare as times: the later wall time wins, and
+    a process whose clock stepped back by ``d`` keeps writing just after its last stamp for
+    ``d`` seconds.
+    """
+
+    def __init__(self) -> None:
+        self._last = 0
+
+    def stamp(self, wall_ns: int) -> int:
+        # No lock. The metadata clock (run.py) stamps on the callers' threads, on the hot path of
+        # add_metadata, where a lock would add about a tenth to the cost of every call. Under the
+        # GIL two threads racing here can get equal stamps, or leave ``_last`` a little below the
+        # highest stamp given; both only concern calls made at the same moment on different threads,
+        # which have no order of their own. Within a run the sequence number decides anyway: the
+        # cutter (one thread, the tracker loop) raises a stamp that is not above the run's previous
+        # one. The key clock (cutter.py) is only used on the tracker loop's thread: never raced. A
+        # forked child inherits ``_last`` and goes on from it (no lock to inherit held).
+        last = self._last
+        now = wall_ns if wall_ns > last else last + 1
+        self._last = now
+        return now

@@ -113,8 +113,9 @@ class Batch:
     names: dict[str, str] = field(default_factory=dict)
     first: int = 0
     key: str = ""
-    # When each metadata key was written (ns since the epoch, the call's time): backends that
-    # many processes write to order a key's writes by it.
+    # When each metadata key was written: the hybrid-clock stamp of the call (ns since the
+    # epoch, never back within the writing process; see clock.HybridClock). Backends that many
+    # processes write to order a key's writes by it.
     metadata_ns: dict[str, int] = field(default_factory=dict)
     end: CloseReason | None = None
     end_time: float = 0.0

@@ -38,6 +38,7 @@ from async_tracker.base import (
     TrackerBase,
     backend_name,
 )
+from async_tracker.clock import HybridClock
 from async_tracker.errors import DeliveryError, TrackerClosedError
 from async_tracker.factory import (
     ENV_TORCHX_JOB_ID,
@@ -87,6 +88,9 @@ T = TypeVar("T")
 # The wall clock that stamps records (seconds since the epoch): a module global, which the
 # hot path calls for less than an attribute of the run costs. Tests set it with monkeypatch.
 _wall_clock: Callable[[], float] = time.time
+# The process's metadata clock (one per process: every run's writes share it, so a run
+# reopened after a clock step back still writes after what it wrote before).
+_metadata_clock = HybridClock()
 
 # How many metric names a run remembers as checked (its hot path skips their checks).
 MAX_KNOWN_METRIC_NAMES = 100_000
@@ -371,7 +375,10 @@ class AppRun:
         Values must be JSON data (dict, list, str, int, float, bool, None)."""
         metadata = check_metadata(kwargs)
         self._validate(metadata)
-        self._sink.append((METADATA, (metadata, int(_wall_clock() * 1_000_000_000))))
+        # Stamped by the process's hybrid clock: the call's wall time, never back in the
+        # process (backends that many processes write order a key's writes by it).
+        stamp = _metadata_clock.stamp(int(_wall_clock() * 1_000_000_000))
+        self._sink.append((METADATA, (metadata, stamp)))
 
     def add_artifact(
         self, name: str, path: str, metadata: Mapping[str, object] | None = None

@@ -19,13 +19,19 @@ write-ahead line) uses it as the tag: ``metadata/<key>-<n>-<digest>`` and
 process after a crash, overwrites instead of duplicating. A batch without a key gets a tag at
 its first attempt and keeps it for its retries (``Batch.names``).
 
-Metadata, many processes. Each key written gets a file of its own, named by the time the
-batch was cut, and a writer never rewrites what it wrote before: readers merge files by that
-time, so the last write of each key wins across processes. torchx's reader merges files in
-listing order (hash order on local disks), so after each write the writer lists the directory
-and removes every key file that a newer file of the same key supersedes. Whichever of two
-writers lists last sees both files, so once writers are done one file per key is left, the
-newest, and torchx's reader sees what ours does (no lock, no read-modify-write).
+Metadata, many processes. Each key written gets a file of its own, named by the stamp of its
+call (``Batch.metadata_ns``: a hybrid-clock time in ns, which never goes back within the
+writing process; see ``async_tracker.clock.HybridClock``), and a writer never rewrites what it
+wrote before: readers merge files by that time, so the last write of each key wins across
+processes, and a process's clock stepped back never lets its earlier write win. Stamps are
+plain ns times in the same 19 digits, so files written before stamps existed (named by the
+wall time of the call, or of the cut) merge with new ones by their times.
+
+torchx's reader merges files in listing order (hash order on local disks), so after each
+write the writer lists the directory and removes every key file that a newer file of the same
+key supersedes. Whichever of two writers lists last sees both files, so once writers are done
+one file per key is left, the newest, and torchx's reader sees what ours does (no lock, no
+read-modify-write).
 
 Lineage. Each edge is a file named after the edge (source, digest of the artifact name), in
 the run's ``parents/`` and in the source's ``descendants/``: written whole, never read and
@@ -745,9 +751,9 @@ class AsyncFsspecTracker(AsyncTrackerBase):
         times: Mapping[str, int] | None = None,
     ) -> None:
         """One file per key, named ``<time>-<rest of tag>-<position>-<digest of the key>``.
-        The time, which orders the writes of a key across processes, is when the key was
-        written (``times``, from the call) where known, else the tag's own (when the batch
-        was cut)."""
+        The time, which orders the writes of a key across processes, is the hybrid-clock
+        stamp of the call (``times``) where known, else the tag's own (when the batch was
+        cut, or a direct call was made)."""
         directory = self._path(run_id, METADATA_DIR)
         files: dict[str, bytes] = {}
         # The position in the name keeps the keys of one call in call order for readers.

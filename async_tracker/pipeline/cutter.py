@@ -19,6 +19,7 @@ import time
 from array import array
 from collections.abc import Sequence
 
+from async_tracker.clock import HybridClock
 from async_tracker.ingress import ARTIFACT, METADATA, Record
 from async_tracker.records import (
     Batch,
@@ -37,6 +38,11 @@ _as_metric = functools.partial(tuple.__new__, TrackerMetric)
 # Past this many names in a run, the last steps of a column batch are found by one pass in
 # C over every point, rather than one search per name.
 _NAMES_SEARCHED = 64
+# The times of batch keys, one clock for the process: keys never go back in time, even if the
+# wall clock is set back, across all the runs of the process (a run reopened after a step back
+# still names its files after those it wrote before). Only the tracker loop's thread cuts
+# batches, so the clock's unlocked read-then-write is never raced.
+_key_clock = HybridClock()
 
 
 class Cutter:
@@ -47,13 +53,11 @@ class Cutter:
         self.token = token
         self.next_seq = 0
         self.last_step: dict[str, int] = {}
-        self._last_ns = 0
+        # The stamp of the run's last metadata record (see _mixed).
+        self._last_metadata_ns = 0
 
     def _key(self, seq: int) -> str:
-        # Never back in time within a pipeline, even if the wall clock is set back.
-        now = max(time.time_ns(), self._last_ns + 1)
-        self._last_ns = now
-        return f"{now:019d}-{self.token}-{seq:012d}"
+        return f"{_key_clock.stamp(time.time_ns()):019d}-{self.token}-{seq:012d}"
 
     def cut(self, records: Sequence[Record]) -> Batch:
         """One batch of ``records`` (taken from the ingress in call order)."""
@@ -123,6 +127,12 @@ class Cutter:
             kind, payload = rec
             if kind is METADATA:
                 values, ns = payload
+                # Within a run the sequence number orders writes: a stamp not above the run's
+                # previous one (threads racing on the process's clock) is raised just above
+                # it. Only this loop's thread cuts a run, so this needs no lock.
+                if ns <= self._last_metadata_ns:
+                    ns = self._last_metadata_ns + 1
+                self._last_metadata_ns = ns
                 metadata.update(values)
                 batch.metadata_ns.update(dict.fromkeys(values, ns))
             elif kind is ARTIFACT:

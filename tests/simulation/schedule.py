@@ -60,7 +60,9 @@ class Step:
                  "foreign": ["file", "segment", "dir"],
                  # Drawn last, so that adding a variant left every other draw of a seed as
                  # it was: a third of closes are cut short by a SIGTERM.
-                 "close": ["plain", "plain", "sigterm"]}.get(kind, [""])
+                 "close": ["plain", "plain", "sigterm"],
+                 # A fifth of advances also set the wall clock back (metadata stamps).
+                 "advance": ["", "", "", "", "back"]}.get(kind, [""])
             ),
         )
 
@@ -89,6 +91,8 @@ async def apply(world: World, step: Step) -> None:
         if step.c == "none" and not troubled and not world.io.fail_writes:
             world.check_isolated(run)
     elif step.kind == "advance":
+        if step.c == "back":
+            world.step_wall_clock_back(2 * step.b)
         await world.clock.sleep(step.b)
     elif step.kind == "fault":
         backend.faults[run].extend([step.c] * (1 + step.a % 4))

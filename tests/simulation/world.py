@@ -25,6 +25,7 @@ import anyio.abc
 
 from async_tracker import AppRun
 from async_tracker.base import AsyncTrackerBase
+from async_tracker.clock import HybridClock
 from async_tracker.errors import PermanentBackendError, RecordError
 from async_tracker.ingress import ARTIFACT, METADATA, SOURCE, Ingress
 from async_tracker.pipeline.run_pipeline import RunPipeline
@@ -75,6 +76,9 @@ class SimBackend(AsyncTrackerBase):
         self.poison: set[tuple[str, str]] = set()  # (run, point) refused for good
         self.arrivals: dict[str, list[tuple[str, str]]] = {}  # run -> [(uid, batch key)]
         self.metadata: dict[str, dict[str, object]] = {}
+        # The stamp of each key's stored value: a key's writes merge by stamp (the last write
+        # wins, whatever order they arrive in), as a store many processes write does.
+        self.metadata_ns: dict[str, dict[str, int]] = {}
         self.metadata_arrivals: dict[str, set[object]] = {}  # values (write indexes) stored
         self.tainted: set[str] = set()  # batch keys written in part before a failure
         self.release = {run: anyio.Event() for run in RUNS}
@@ -121,7 +125,12 @@ class SimBackend(AsyncTrackerBase):
         key = batch.key.split(".")[0]
         self.arrivals.setdefault(run_id, []).extend((uid(m.name, m.step), key) for m in metrics)
         if metadata:
-            self.metadata.setdefault(run_id, {}).update(batch.metadata)
+            stored = self.metadata.setdefault(run_id, {})
+            stamps = self.metadata_ns.setdefault(run_id, {})
+            for name, value in batch.metadata.items():
+                stamp = batch.metadata_ns[name]  # a KeyError: a batch lost its stamps
+                if stamp >= stamps.get(name, -1):  # equal: the same write, delivered again
+                    stored[name], stamps[name] = value, stamp
             self.metadata_arrivals.setdefault(run_id, set()).update(batch.metadata.values())
             arts = self.artifacts.setdefault(run_id, {})
             for name, art in batch.artifacts.items():
@@ -268,6 +277,12 @@ class World:
             spool_dir=str(spool_dir),
         )
         self.log: list[str] = []
+        # The wall clock of the process the runs live in: the virtual time plus an offset
+        # that a step of the schedule sets back (as NTP does). Metadata is stamped by the
+        # process's hybrid clock from it, as AppRun.add_metadata does; the runs' lives share
+        # it, as a run reopened in one process does.
+        self.wall_offset_ns = 1_700_000_000 * 10**9
+        self.metadata_clock = HybridClock()
         self._apps: dict[str, AppRun] = {}
         self.forks = 0
         self.launches = 0
@@ -316,6 +331,12 @@ class World:
         self.tg.start_soon(lanes)
         return inc
 
+    def wall_ns(self) -> int:
+        return self.wall_offset_ns + int(self.clock.now() * 1e9)
+
+    def step_wall_clock_back(self, seconds: float) -> None:
+        self.wall_offset_ns -= int(seconds * 1e9)
+
     def write(self, run: str, writer: int, count: int, kind: str) -> None:
         inc = self.runs[run]
         model = self.models[run]
@@ -324,7 +345,8 @@ class World:
             if kind == "metadata":
                 key = f"k{index % 3}"
                 written = Written(index, None, key=key)
-                inc.append((METADATA, ({key: index}, index)))
+                stamp = self.metadata_clock.stamp(self.wall_ns())
+                inc.append((METADATA, ({key: index}, stamp)))
             elif kind == "artifact":
                 name = f"a{index % 2}"
                 written = Written(index, None, artifact=name)

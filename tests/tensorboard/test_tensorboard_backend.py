@@ -41,6 +41,7 @@ from async_tracker.backend.tensorboard import (
     map_error,
     run_path,
 )
+from async_tracker.clock import HybridClock
 from async_tracker.errors import (
     PermanentBackendError,
     TrackerConfigError,
@@ -480,3 +481,23 @@ def test_init_with_a_tensorboard_beside_the_store(
             run.log_metric("loss", 1.0 / (step + 1), step=step)
     read = create(None).metrics(run.id)
     assert [(p.step, p.value) for p in read["loss"]] == [(0, 1.0), (1, 0.5), (2, 1 / 3)]
+
+
+def test_a_run_reopened_after_the_clock_steps_back_keeps_its_later_metadata(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The side files a flush writes are named by the time the batch was cut, and read back in
+    # name order: a run reopened in the same process after the wall clock was set back must
+    # still name its files after the earlier ones.
+    now = [1_700_000_000 * 10**9]
+    fake_time = type("FakeTime", (), {"time_ns": staticmethod(lambda: now[0])})
+    monkeypatch.setattr("async_tracker.pipeline.cutter.time", fake_time)
+    # A new process clock: keys this test process cut before are later than these times.
+    monkeypatch.setattr("async_tracker.pipeline.cutter._key_clock", HybridClock())
+    tracker = TensorBoardTracker(str(tmp_path))
+    with AppRun("r", [tracker], flush_interval=3600) as run:
+        run.add_metadata(lr=1)
+    now[0] -= 10 * 10**9
+    with AppRun("r", [tracker], flush_interval=3600) as run:
+        run.add_metadata(lr=2)
+    assert TensorBoardTracker(str(tmp_path)).metadata("r") == {"lr": 2}
