@@ -57,7 +57,8 @@ from async_tracker.ingress import (
     wait_for_writers,
 )
 from async_tracker.pipeline.lane import Lane
-from async_tracker.pipeline.run_pipeline import HotPath, RunPipeline
+from async_tracker.pipeline.overflow import HotPath
+from async_tracker.pipeline.run_pipeline import RunPipeline
 from async_tracker.records import (
     Lineage,
     TrackerArtifact,
