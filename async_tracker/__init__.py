@@ -43,6 +43,7 @@ from async_tracker.init_run import init
 from async_tracker.records import Batch
 from async_tracker.report import BackendStatus, FlushReport, TrackerStatus
 from async_tracker.retry import RetryPolicy
+from async_tracker.run import RunState
 
 __version__ = "0.1.0"
 
@@ -62,6 +63,7 @@ __all__ = [
     "PermanentBackendError",
     "RecordError",
     "RetryPolicy",
+    "RunState",
     "TrackerArtifact",
     "TrackerBase",
     "TrackerClosedError",

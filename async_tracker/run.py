@@ -21,6 +21,7 @@ Example::
 from __future__ import annotations
 
 import concurrent.futures
+import enum
 import logging
 import os
 import threading
@@ -58,7 +59,8 @@ from async_tracker.ingress import (
     wait_for_writers,
 )
 from async_tracker.pipeline.lane import Lane
-from async_tracker.pipeline.run_pipeline import HotPath, RunPipeline
+from async_tracker.pipeline.overflow import HotPath
+from async_tracker.pipeline.run_pipeline import RunPipeline
 from async_tracker.records import (
     Lineage,
     TrackerArtifact,
@@ -105,8 +107,19 @@ class AppRunTrackableSource:
     artifact_name: str | None
 
 
+class RunState(enum.Enum):
+    """Where a run is in its life (:attr:`AppRun.state`)."""
+
+    NEW = "new"  # nothing started yet: the first write starts the run's pipeline
+    OPEN = "open"  # its pipeline runs: writes, flushes and reads go on
+    CLOSING = "closing"  # close() has begun: writes and flushes raise TrackerClosedError
+    CLOSED = "closed"  # close() has its report (later closes return it)
+
+
 # The sinks a run's writes go to besides the ingress (see ingress.Sink): swapping the sink
-# keeps every state check (started? closed?) off the hot path.
+# keeps every state check off the hot path. The sink follows the state: NEW, _FirstWrite
+# (or _Discard, _Nowhere for a run without backends); OPEN, the ingress (an overload's own
+# while overloaded); CLOSING and CLOSED, _Closed.
 
 
 class _Discard:
@@ -277,6 +290,8 @@ class AppRun:
         # The flusher's close, once started: a second close() (another thread, the exit hook,
         # a close() after a cancelled aclose()) waits for it instead of closing again.
         self._close_future: concurrent.futures.Future[FlushReport] | None = None
+        # Set under the start lock when close begins (and never unset). With _pipeline and
+        # _close_report, what `state` reads: no field of its own to keep in step with them.
         self.closed = False
         # Popped by the first close report that leaves records behind (list.pop is atomic,
         # also against a SIGTERM handler's close on top of this thread's): said once.
@@ -476,7 +491,7 @@ class AppRun:
         with self._start_lock:
             if self._pipeline is None:
                 if self.closed:
-                    raise TrackerClosedError(f"run {self.id!r} is closed")
+                    raise TrackerClosedError(f"run {self.id!r} is {self.state.value}")
                 process = runtime()
                 flusher = process.flusher()
                 self._pipeline = RunPipeline(
@@ -544,7 +559,9 @@ class AppRun:
         # After close() the lanes are stopped: a flush would wait for lanes that no longer
         # run (forever, when close() left a batch behind a hung backend).
         if self.closed:
-            raise TrackerClosedError(f"run {self.id!r} is closed; flush() needs an open run")
+            raise TrackerClosedError(
+                f"run {self.id!r} is {self.state.value}; flush() needs an open run"
+            )
 
     def begin_close(
         self, deadline: float, reason: CloseReason
@@ -674,7 +691,21 @@ class AppRun:
     def close_finished(self) -> bool:
         """Whether close() has its report: False for an open run, and while a close is
         under way (from its first step: a signal may land anywhere in it)."""
-        return self._close_report is not None
+        return self.state is RunState.CLOSED
+
+    @property
+    def state(self) -> RunState:
+        """Where the run is in its life: NEW, OPEN, CLOSING or CLOSED (see :class:`RunState`).
+
+        Read from what each step leaves behind, each set once by the step's own owner (the
+        first write's pipeline, close()'s seal under the start lock, the close's report),
+        never assigned apart from them: a SIGTERM handler closing runs on top of whatever
+        the main thread was doing can never leave the state and those steps disagreeing."""
+        if self._close_report is not None:
+            return RunState.CLOSED
+        if self.closed:
+            return RunState.CLOSING
+        return RunState.NEW if self._pipeline is None else RunState.OPEN
 
     def _check_strict(self, report: FlushReport) -> None:
         if self.options.strict and not report.ok:

@@ -8,8 +8,9 @@ add up exactly.
 
 Everything here runs on the tracker loop (or, in the simulator, on its loop), so the state
 needs no locks; the caller's threads only read counters (``status()``), which may be a moment
-stale but never torn. The ``block`` overflow policy is the exception: its writers wait on
-their own threads, on a ``threading.Event``.
+stale but never torn. What the run does past its bound is its overflow policy's
+(:mod:`async_tracker.pipeline.overflow`); the ``block`` policy is the exception to the loop's
+ownership: its writers wait on their own threads, on a ``threading.Event``.
 """
 
 from __future__ import annotations
@@ -17,21 +18,20 @@ from __future__ import annotations
 import logging
 import math
 import random
-import threading
 import time
 from collections.abc import Callable, Coroutine, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import anyio
 
 from async_tracker.base import AsyncTrackerBase, CloseReason
 from async_tracker.clock import Clock
-from async_tracker.errors import TrackerClosedError
 from async_tracker.ingress import Ingress, Packed, Record, Sink
 from async_tracker.pipeline.cutter import Cutter
 from async_tracker.pipeline.lane import Lane, describe
+from async_tracker.pipeline.overflow import HotPath, make_overflow
 from async_tracker.records import Batch
 from async_tracker.report import FlushReport, TrackerStatus
 from async_tracker.runtime.process import runtime
@@ -42,9 +42,6 @@ from async_tracker.tensors import DeferredValue, settle
 
 logger = logging.getLogger(__name__)
 
-# What AppRun's hot path writes to: the deque, the block policy's waiting write, the packed
-# ingress of an overloaded run.
-HotPath = Literal["plain", "block", "packed"]
 # How many pauses without progress a flush of an overloaded run waits for its lanes to spill.
 PACKED_STALL_ROUNDS = 40
 
@@ -91,6 +88,9 @@ class RunPipeline:
         # may hold thousands of runs): the lanes of a run share one, and runs without a
         # seeded one (the simulator's) share the process's.
         rng = rng or JITTER
+        # What the run does past its bound (spool, block, drop_oldest): one object, owning
+        # that policy's state; the lanes are told its name and their share of the bound.
+        self.overflow = make_overflow(run_id, options, set_hot)
         self.lanes = [
             Lane(
                 run_id,
@@ -100,10 +100,8 @@ class RunPipeline:
                 clock=self.clock,
                 spool=Spool(spool_dir, run_id, name, io, self.token),
                 durable=options.durable,
-                memory_limit=max(1, options.max_buffered // 2)
-                if options.overflow == "spool"
-                else options.max_buffered,
-                overflow=options.overflow,
+                memory_limit=self.overflow.lane_memory_limit(options.max_buffered),
+                overflow=self.overflow.name,
                 segment_records=max(1, options.max_buffered // 2),
                 rng=rng,
                 heartbeat_s=options.heartbeat_s,
@@ -126,11 +124,6 @@ class RunPipeline:
         # it holds only older records, so it is drained first. Held records are older still.
         self._sources: list[Ingress | Packed] = [self.unsettled, ingress, self.packed]
         self.overloaded = False
-        self._block_expired = False
-        self._room = _Room()  # set while not overloaded: blocked writers wait on it
-        self._counts_lock = threading.Lock()  # blocked writers count from their own threads
-        self.blocked_writes = 0
-        self.blocked_s = 0.0
         self.last_cut = self.clock.now()
         self.closed = False
         # The scopes of the flushes (and reads) waiting for lanes: close() ends them once it
@@ -174,13 +167,14 @@ class RunPipeline:
         self.last_cut = self.clock.now()
         self._stalled = False
         limit = self.options.max_buffered
-        if self.options.overflow == "drop_oldest" and self.waiting() > limit:
-            excess = self.waiting() - limit
+        excess = self.overflow.excess(self.waiting(), limit)
+        if excess:
+            # Past the bound (drop_oldest): the oldest records, numbered, go to the policy.
             for source in self._sources:
                 taken = _take(source, excess)
                 excess -= len(taken)
                 if taken:
-                    self._shed(taken)
+                    self.overflow.shed(self.cutter.cut(taken), self.lanes)
         for source in list(self._sources):
             budget = len(source)
             if source is self.packed and self.overloaded and not everything:
@@ -239,20 +233,6 @@ class RunPipeline:
                     lane.refused.append(f"{len(lost)} records: {lost[0]}{more}")
         return ready
 
-    def _shed(self, records: list[Record]) -> None:
-        """drop_oldest, for records still in the ingress: the metrics go (their steps still
-        count, and they keep their numbers), the rest is kept."""
-        batch = self.cutter.cut(records)
-        shed = batch.points()
-        batch.metrics = []
-        batch.records -= shed
-        for lane in self.lanes:
-            if lane.takes_metrics:
-                lane.shed += shed
-                lane.dropped += shed
-            if batch.records:
-                lane.put(batch)
-
     # -- the memory bound -----------------------------------------------------------------------
     def held(self) -> int:
         """Records of this run in memory: the ingress (the packed one too: a writer that
@@ -278,8 +258,9 @@ class RunPipeline:
         memory. It starts at half the bound: the flusher looks every 50 ms, and a loop that
         does nothing but log writes tens of thousands of records in between; the other half
         is room for them. It ends at a quarter, so that a run near the threshold does not
-        switch at every look. ``spool`` has the lanes write what they hold to disk;
-        ``block`` makes writers wait for room; ``drop_oldest`` sheds at the bound itself."""
+        switch at every look. What an overload does is the overflow policy's (see
+        overflow.py): ``spool`` has the lanes write what they hold to disk; ``block`` makes
+        writers wait for room; ``drop_oldest`` sheds at the bound itself."""
         limit = self.options.max_buffered
         held = self.held()
         if not self.overloaded and held > limit // 2:
@@ -288,53 +269,28 @@ class RunPipeline:
                 "async_tracker: run %r holds %d records (max_buffered=%d); overflow policy %s",
                 self.run_id, held, limit, self.options.overflow,
             )
-            if self.options.overflow == "block" and self._set_hot is not None and not self.closed:
-                self._block_expired = False
-                self._room.clear()
-                self._set_hot("block")
+            self.overflow.start()
         elif self.overloaded and held <= limit // 4:
             self.overloaded = False
-            if not self._room.is_set():
-                self._room.set()
-                if self._set_hot is not None:
-                    self._set_hot("plain")
-        if self.options.overflow == "spool" and self._set_hot is not None:
-            want: HotPath = "packed" if self.overloaded else "plain"
+            self.overflow.end()
+        want = self.overflow.hot_path(self.overloaded)
+        if want is not None and self._set_hot is not None:
             target = self.packed if want == "packed" else self.ingress
             # Only into an empty structure: one that still held older records would mix
             # them with the newer ones to come, and draining it first would reorder them.
             if want != self._hot and not len(target):
                 self._switch(want)
-        # While overloaded, lanes keep what they hold on disk: under spool once the packed
-        # ingress holds more than half the bound (it absorbs a burst that a healthy backend
-        # drains; past that the backend is not keeping up, and disk makes room), and under
-        # block once a writer's wait ran out (the writes then go on without waiting).
-        if self.options.overflow == "spool":
-            spill = self.overloaded and len(self.packed) > limit // 2
-        else:
-            spill = self.overloaded and self._block_expired
+        # While overloaded, lanes keep what they hold on disk when the policy says so (spool:
+        # once the packed ingress holds more than half the bound; block: once a writer's
+        # wait ran out, the writes then going on without waiting).
+        spill = self.overflow.spill(self.overloaded, len(self.packed), limit)
         for lane in self.lanes:
             lane.set_overloaded(spill)
 
     @property
     def blocking(self) -> Sink:
-        """The ``block`` policy's sink (see :meth:`_block`)."""
-        return _BlockingSink(self)
-
-    def _block(self) -> None:
-        """On the caller's thread: waits until the run is back within its bound, at most
-        ``overflow_timeout`` per overload; after that the writes go on without waiting (and
-        the lanes spool) until the overload ends."""
-        start = time.monotonic()
-        room = self._room.wait(self.options.overflow_timeout)
-        if self.closed:
-            raise TrackerClosedError(f"run {self.run_id!r} closed while this write waited")
-        if not room and self._set_hot is not None:
-            self._block_expired = True  # the loop has the lanes spool at its next look
-            self._set_hot("plain")
-        with self._counts_lock:
-            self.blocked_writes += 1
-            self.blocked_s += time.monotonic() - start
+        """The ``block`` policy's sink: a write waits for room, then goes to the ingress."""
+        return self.overflow.sink(self.ingress)
 
     # -- flush and close ------------------------------------------------------------------------
     async def flush(
@@ -385,7 +341,7 @@ class RunPipeline:
         """The run takes no more writes (from any thread): writers waiting for room under
         the block policy give up now, with TrackerClosedError."""
         self.closed = True
-        self._room.set()
+        self.overflow.seal()
 
     async def close(self, timeout: float, reason: CloseReason = "finished") -> FlushReport:
         """Seals the run's end record (``reason``) after every record accepted, delivers what
@@ -490,61 +446,10 @@ class RunPipeline:
             closed=self.closed,
             backends={lane.name: lane.status(buffered) for lane in self.lanes},
             overloaded=self.overloaded,
-            blocked_writes=self.blocked_writes,
-            blocked_s=self.blocked_s,
+            blocked_writes=self.overflow.blocked_writes,
+            blocked_s=self.overflow.blocked_s,
         )
 
 
 def _take(source: Ingress | Packed, limit: int) -> list[Record]:
     return source.drain(limit) if isinstance(source, Ingress) else source.take(limit)
-
-
-class _Room:
-    """A ``threading.Event`` (set at first) that ``seal()`` can always set.
-
-    ``seal()`` runs also in the SIGTERM handler, which runs in the main thread on top of
-    whatever that thread was doing: maybe inside this very object's ``set()`` (an exit hook's
-    close) or ``wait()`` (a blocked writer), holding its lock. So the lock is reentrant (a
-    plain Event's would wait for its own thread forever), and setting what is set takes no
-    lock: the close that the handler then waits for seals again on the tracker loop, which
-    must not wait for the main thread's lock either."""
-
-    def __init__(self) -> None:
-        self._cond = threading.Condition(threading.RLock())
-        self._flag = True
-
-    def is_set(self) -> bool:
-        return self._flag
-
-    def set(self) -> None:
-        if self._flag:
-            return  # no waiter: they wait only while it is clear (see the class's note)
-        with self._cond:
-            self._flag = True
-            self._cond.notify_all()
-
-    def clear(self) -> None:
-        with self._cond:
-            self._flag = False
-
-    def wait(self, timeout: float) -> bool:
-        with self._cond:
-            return self._cond.wait_for(lambda: self._flag, timeout)
-
-
-class _BlockingSink:
-    """The ``block`` policy's writes: wait for room (:meth:`RunPipeline._block`), then one
-    append or extend of the ingress, atomic as on the hot path."""
-
-    __slots__ = ("_pipeline",)
-
-    def __init__(self, pipeline: RunPipeline) -> None:
-        self._pipeline = pipeline
-
-    def append(self, record: Record) -> None:
-        self._pipeline._block()
-        self._pipeline.ingress.append(record)
-
-    def extend(self, records: list[Record]) -> None:
-        self._pipeline._block()
-        self._pipeline.ingress.extend(records)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -16,13 +17,15 @@ from async_tracker import (
     BackendStatus,
     DeliveryError,
     FlushReport,
+    RunState,
     TrackerArtifact,
     TrackerClosedError,
     TrackerSource,
     TrackerStatus,
 )
 from async_tracker.backend.memory import InMemoryTracker
-from tests.faulty import DictTracker, FaultyTracker, permanent
+from tests.core.helpers import wait_until
+from tests.faulty import DictTracker, FaultyTracker, Hang, permanent
 
 MakeRun = Callable[..., AppRun]
 
@@ -422,6 +425,52 @@ def test_a_write_holding_the_sink_from_before_the_start_raises_after_close(
         held.append(("loss", 1.0, 0, 0.0))
     assert run.status().backends["InMemoryTracker"].buffered == 0
     assert mem.points("r", "loss") == []
+
+
+def test_a_run_names_its_state_from_new_to_closed(make_run: MakeRun) -> None:
+    # CLOSING is seen while a close waits for a backend hung in its first write: another
+    # thread's write or flush then raises, naming the state; the close's report ends it.
+    release = threading.Event()
+    hang = Hang(release)
+    slow = FaultyTracker(name="slow").on("write_batch", 1, action=hang)
+    run = make_run("r", [slow])
+    states = [(run.state, run.closed)]
+    run.add_metadata(a=1)
+    states.append((run.state, run.closed))
+    reports: list[FlushReport] = []
+    closer = threading.Thread(target=lambda: reports.append(run.close(timeout=60)))
+    closer.start()
+    try:
+        assert hang.entered.wait(60)
+        wait_until(lambda: run.closed)
+        states.append((run.state, run.close_finished()))
+        with pytest.raises(TrackerClosedError, match="'r' is closing"):
+            run.flush()
+        with pytest.raises(TrackerClosedError, match="'r'"):
+            run.add_metadata(b=2)
+    finally:
+        release.set()
+        closer.join(60)
+    assert reports[0].ok and reports[0].delivered == 1
+    states.append((run.state, run.close_finished()))
+    assert states == [
+        (RunState.NEW, False),
+        (RunState.OPEN, False),
+        (RunState.CLOSING, False),  # closed, not finished
+        (RunState.CLOSED, True),
+    ]
+    with pytest.raises(TrackerClosedError, match="'r' is closed"):
+        run.flush()
+
+
+def test_a_run_closed_before_any_write_goes_from_new_to_closed(make_run: MakeRun) -> None:
+    run = make_run("r", [InMemoryTracker()])
+    states = [run.state]
+    assert run.close().ok
+    states.append(run.state)
+    assert states == [RunState.NEW, RunState.CLOSED]
+    with pytest.raises(TrackerClosedError, match="'r' is closed"):
+        run.log_metric("m", 1.0)
 
 
 def test_write_after_close_raises_without_backends(make_run: MakeRun) -> None:

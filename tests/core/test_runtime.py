@@ -20,6 +20,7 @@ import pytest
 
 from async_tracker import AppRun, TrackerClosedError
 from async_tracker.backend.memory import InMemoryTracker
+from async_tracker.pipeline.overflow import Block
 from tests.core.helpers import Child, thread_status
 from tests.faulty import DictTracker, FaultyTracker, FileTracker, Hang
 
@@ -317,15 +318,16 @@ def test_a_close_in_a_signal_handler_on_top_of_a_seal_in_the_same_thread_ends(
     # blocked writers wait on). The handler closes the run again, which seals it again: with a
     # plain threading.Event, the thread waited for itself forever (a pool worker that never
     # died on Pool.terminate()).
-    run = make_run("r", [InMemoryTracker()])
+    run = make_run("r", [InMemoryTracker()], overflow="block")
     run.log_metric("m", 1.0)
     assert run.flush().ok
     pipeline = run._pipeline
-    assert pipeline is not None
+    assert pipeline is not None and isinstance(pipeline.overflow, Block)
+    room = pipeline.overflow.room
     reports: list[Any] = []
 
     def interrupted_seal() -> None:
-        with pipeline._room._cond:  # inside set(), as the signal lands
+        with room._cond:  # inside set(), as the signal lands
             reports.append(run.close(timeout=5))  # the handler's close
 
     thread = threading.Thread(target=interrupted_seal, daemon=True)

@@ -17,7 +17,7 @@ import pytest
 from async_tracker import AppRun, TrackerClosedError
 from async_tracker.backend.memory import InMemoryTracker
 from async_tracker.pipeline.cutter import Cutter
-from async_tracker.pipeline.run_pipeline import RunPipeline
+from async_tracker.pipeline.overflow import Block
 from async_tracker.records import Batch, TrackerMetric
 from async_tracker.settings import RunOptions
 from async_tracker.spool.codec import decode_batch, encode_batch
@@ -43,11 +43,11 @@ def stalled_run(
 
 def waiting_for_room(writer: threading.Thread) -> bool:
     """Whether ``writer`` is inside the block policy's wait for room (its wait timed from
-    before): its innermost frame in ``threading``, called from ``RunPipeline._block``."""
+    before): its innermost frame in ``threading``, called from ``Block.wait_for_room``."""
     frame = sys._current_frames().get(writer.ident or -1)
     if frame is None or frame.f_code.co_filename != threading.__file__:
         return False
-    while frame is not None and frame.f_code is not RunPipeline._block.__code__:
+    while frame is not None and frame.f_code is not Block.wait_for_room.__code__:
         frame = frame.f_back
     return frame is not None
 
