@@ -15,7 +15,7 @@ from pathlib import Path
 
 import anyio
 
-from tests.simulation.world import BACKENDS, FAULTS, RUNS, World
+from tests.simulation.world import BACKENDS, FAULTS, PART_FAULTS, RUNS, World
 
 STEP_KINDS = (
     ["write"] * 36
@@ -47,7 +47,7 @@ class Step:
     def draw(cls, x: int) -> Step:
         r = random.Random(x)
         kind = r.choice(STEP_KINDS)
-        return cls(
+        step = cls(
             kind,
             r.choice(RUNS),
             r.randrange(0, 40),
@@ -63,6 +63,11 @@ class Step:
                  "close": ["plain", "plain", "sigterm"]}.get(kind, [""])
             ),
         )
+        # Drawn after everything else (so every other draw of a seed stays as it was): a
+        # quarter of faults are of a backend that stores a batch part by part.
+        if kind == "fault" and r.random() < 0.25:
+            step = cls(kind, step.run, step.a, step.b, r.choice(PART_FAULTS))
+        return step
 
 
 def schedule_of_seed(seed: int, length: int = 60) -> list[int]:
@@ -90,6 +95,8 @@ async def apply(world: World, step: Step) -> None:
             world.check_isolated(run)
     elif step.kind == "advance":
         await world.clock.sleep(step.b)
+    elif step.kind == "fault" and step.c == "flaky":
+        backend.flaky[run] = True  # until healed
     elif step.kind == "fault":
         backend.faults[run].extend([step.c] * (1 + step.a % 4))
     elif step.kind == "heal":
