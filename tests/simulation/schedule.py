@@ -97,6 +97,11 @@ async def apply(world: World, step: Step) -> None:
         await world.clock.sleep(step.b)
     elif step.kind == "fault" and step.c == "flaky":
         backend.flaky[run] = True  # until healed
+    elif step.kind == "fault" and step.c == "parts":
+        # Several in a row, more than a round's tries: each stores a part, so a round that
+        # counted tries whatever they stored would end (and a flush return) before the batch
+        # is delivered.
+        backend.faults[run].extend([step.c] * (3 + step.a % 8))
     elif step.kind == "fault":
         backend.faults[run].extend([step.c] * (1 + step.a % 4))
     elif step.kind == "heal":

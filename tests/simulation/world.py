@@ -45,11 +45,13 @@ RUNS = ("a", "b")
 BACKENDS = ("idem", "raw")
 FAULTS = ("transient", "backend", "unknown", "group", "partial", "slow", "hang")
 # Backends that store a batch part by part (as AsyncTrackerBase.write_batch does: metadata,
-# each artifact, each source, the metrics, the end record, each marked in Batch.done): "parts"
+# each artifact, each source, the metrics in requests of METRICS_PER_PART points, the end
+# record, each marked in Batch.done): "parts"
 # fails one write after storing some of its parts; "flaky" fails each part of every write at
 # random (FLAKY_RATE) until healed: a backend that half-works.
 PART_FAULTS = ("parts", "flaky")
 FLAKY_RATE = 0.3
+METRICS_PER_PART = 2
 
 # Quick retries: the clock is virtual, but fewer rounds keep schedules short.
 POLICY = RetryPolicy(
@@ -116,7 +118,8 @@ class SimBackend(AsyncTrackerBase):
         refused = [m for m in batch.metrics if (run_id, uid(m.name, m.step)) in self.poison]
         if refused:
             raise RecordError(f"simulated: cannot store {refused[0].name}@{refused[0].step}")
-        if fault == "parts" or self.flaky[run_id]:
+        if fault == "parts" or self.flaky[run_id] or batch.done:
+            # Parts stored by an earlier try are marked: the rest goes part by part too.
             self._store_parts(run_id, batch, fault == "parts")
             return
         metrics = batch.metrics
@@ -158,10 +161,8 @@ class SimBackend(AsyncTrackerBase):
             self.artifacts.setdefault(run_id, {})[name] = path
             self.artifact_arrivals.setdefault(run_id, set()).add(path)
 
-        def metrics() -> None:
-            self.arrivals.setdefault(run_id, []).extend(
-                (uid(m.name, m.step), key) for m in batch.metrics
-            )
+        def metrics(chunk: Sequence[TrackerMetric]) -> None:
+            self.arrivals.setdefault(run_id, []).extend((uid(m.name, m.step), key) for m in chunk)
 
         def end() -> None:
             place = len(self.arrivals.get(run_id, []))
@@ -177,8 +178,10 @@ class SimBackend(AsyncTrackerBase):
                 f"source:{src.source_run_id}:{src.artifact_name or ''}",
                 partial(self.sources.setdefault(run_id, set()).add, src.source_run_id),
             ))
-        if batch.metrics:
-            parts.append(("metrics", metrics))
+        # Points go in requests of a few (as MLflow's log_batch does), each a part.
+        for i in range(0, len(batch.metrics), METRICS_PER_PART):
+            chunk = batch.metrics[i : i + METRICS_PER_PART]
+            parts.append((f"metrics:{i}", partial(metrics, chunk)))
         if batch.end is not None:
             parts.append((END_PART, end))
         todo = [(name, store) for name, store in parts if name not in batch.done]
@@ -197,8 +200,12 @@ class SimBackend(AsyncTrackerBase):
             self.release[r] = anyio.Event()
 
     def troubled(self, run: str) -> bool:
-        """Faults wait for this run's writes, or one of them hangs."""
-        return bool(self.faults[run]) or self.hung[run] > 0 or self.flaky[run]
+        """Faults wait for this run's writes, or one of them hangs. "parts" faults do not
+        count: each stores a part before it fails, so retries that follow progress never
+        give up on them, and a flush waits for everything through them."""
+        return (
+            any(f != "parts" for f in self.faults[run]) or self.hung[run] > 0 or self.flaky[run]
+        )
 
     # The rest of the interface: not used by the pipeline's writes.
     async def add_artifact(
