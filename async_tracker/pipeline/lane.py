@@ -20,7 +20,9 @@ records from reaching the disk:
 
 Failures (:func:`~async_tracker.errors.classify`): transient ones are retried with backoff;
 a failure of the backend ends the round at once; after a round the lane pauses (``cooldown_s``,
-or until a flush or close asks) and tries again, for as long as the run lives. A refused
+or until a flush or close asks) and tries again, for as long as the run lives. Retries follow
+progress: a round ends after ``max_attempts`` tries that stored nothing, and a try that stored
+a part of the head (``Batch.done``) starts a new round, without a pause. A refused
 record splits its batch until the record stands alone, and only it is dropped, counted and
 named. If a task of the lane dies, its records stay where they are, the error is reported, and
 nothing else stops.
@@ -133,6 +135,10 @@ class Lane:
         self.shed = 0  # dropped by the drop_oldest policy (part of dropped)
         self.retries = 0
         self.parks = 0
+        # Parts of batches (``Batch.done`` marks) stored by writes that failed: the progress
+        # a round of retries follows (see write_with_retries). Only grows.
+        self.parts_stored = 0
+        self._try_stored = False  # the last write that failed stored a part before failing
         self.adopted = 0  # records of dead pipelines taken over (counted in the others)
         self.refused: list[str] = []  # what backends refused for good, for the report
         self.last_error: str | None = None
@@ -363,6 +369,7 @@ class Lane:
                 self.rng,
                 lambda: self.deadline,
                 self._on_retry,
+                lambda: self.parts_stored,
                 self._deliver,
                 self.run_id,
                 entry.batch,
@@ -373,6 +380,11 @@ class Lane:
             if kind == "record":
                 return self._refuse(entry, exc)
             self.healthy = False
+            if self._try_stored:
+                # A failure of the backend ends a round at once, but the try stored a part:
+                # the backend half-works, so a new round starts now rather than after a
+                # cooldown (the parts of a batch are finite: this cannot go on for ever).
+                return False
             await self._pause(kind)
             return False
         self.healthy = True
@@ -391,9 +403,13 @@ class Lane:
             batch.done.clear()
         if store is not None:
             batch.done_for = store
+        before = len(batch.done)  # marks are only added while a write runs
         try:
             await self.backend.write_batch(run_id, batch)
         except Exception as exc:
+            stored = len(batch.done) - before
+            self.parts_stored += stored
+            self._try_stored = stored > 0
             mapped = self.backend.map_error(exc)
             if mapped is exc:
                 raise
@@ -521,13 +537,16 @@ class Lane:
             for seg in dead.segments:
                 # A segment of no record holds end records only (one, as a rule).
                 ends = int(seg.records == 0)
+                # Only what its pipeline had not delivered: the lines at or below its ack were
+                # counted delivered there, and are skipped by the replay.
+                records = seg.records - dead.acked.get(seg.path, 0)
                 adopted.append(
-                    Entry(seg.first, seg.seq, seg.records, now, None, seg, None, dead.token,
+                    Entry(seg.first, seg.seq, records, now, None, seg, None, dead.token,
                           ends=ends)
                 )
-                self.disk += seg.records
+                self.disk += records
                 self.ends_disk += ends
-                self.adopted += seg.records
+                self.adopted += records
         if adopted:
             logger.info(
                 "async_tracker: replaying %d spooled segments of run %r into %s",
@@ -553,7 +572,10 @@ class Lane:
         if entry.lines is None:  # adopted: every line its dead pipeline had not acked
             ack = self._adopted[entry.token].ack if entry.token in self._adopted else -1
             picked = [(i, b) for i, b in enumerate(lines) if b is not None and b.seq > ack]
+            # Acked lines the adoption did not leave out already (it counts them for the
+            # segment the ack falls inside, when it can read it).
             acked = sum(b.records for b in lines if b is not None and b.seq <= ack)
+            acked -= segment.records - entry.records
             self._left[segment.path] = len(picked)
         else:
             picked = [(i, lines[i]) for i in entry.lines if i < len(lines) and lines[i] is not None]  # type: ignore[misc]

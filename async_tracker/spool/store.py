@@ -26,7 +26,7 @@ import re
 import time
 from base64 import b32decode, b32encode
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import platformdirs
@@ -121,11 +121,15 @@ def parse_segment(path: Path) -> Segment | None:
 
 @dataclass
 class Adopted:
-    """What a dead pipeline left: its segments (in order) and its ack."""
+    """What a dead pipeline left: its segments (in order) and its ack. ``acked`` holds, for a
+    segment that the ack falls inside (its first lines delivered, the others not), the
+    records of its lines at or below the ack: they are not left to deliver, and must not be
+    counted again (its pipeline counted them delivered)."""
 
     token: str
     segments: list[Segment]
     ack: int
+    acked: dict[Path, int] = field(default_factory=dict)
 
 
 class Spool:
@@ -164,9 +168,16 @@ class Spool:
         tmp = self.dir / f".{self.token}.{path.name}.tmp"
         # No fsync: the page cache survives a SIGKILL of this process, which is the crash the
         # spool is for; surviving a power loss would cost a disk flush per batch.
-        with open(tmp, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)
+        try:
+            with open(tmp, "wb") as f:
+                f.write(data)
+            os.replace(tmp, path)
+        except BaseException:
+            # A full disk (ENOSPC) fails the write or the close half-way: the partial file
+            # holds records the caller keeps in memory, and would sit there until a next
+            # start adopted this token (a clean close leaves nothing behind).
+            _unlink_quietly(tmp)
+            raise
 
     async def ack(self, token: str, seq: int) -> None:
         """Persists ``token``'s high-water mark."""
@@ -174,8 +185,12 @@ class Spool:
 
     def _write_ack(self, token: str, seq: int) -> None:
         tmp = self.dir / f".{token}.ack.tmp"
-        tmp.write_text(str(seq))
-        os.replace(tmp, self.dir / f"{token}.ack")
+        try:
+            tmp.write_text(str(seq))
+            os.replace(tmp, self.dir / f"{token}.ack")
+        except BaseException:
+            _unlink_quietly(tmp)  # as for a segment: nothing half-written stays
+            raise
 
     async def remove(self, segment: Segment) -> None:
         await self.io.run(_unlink, segment.path)
@@ -251,10 +266,20 @@ class Spool:
                 _unlink(s.path)
             left = [s for s in mine if s.seq > ack]
             if left:
-                adopted.append(Adopted(token, left, ack))
+                acked = {s.path: self._acked_records(s, ack) for s in left if s.first <= ack}
+                adopted.append(Adopted(token, left, ack, acked))
             else:
                 self._forget(token)
         return adopted
+
+    def _acked_records(self, segment: Segment, ack: int) -> int:
+        """The records of ``segment``'s readable lines at or below ``ack`` (0 if it cannot be
+        read now: its replay then finds out what it holds)."""
+        try:
+            batches, _ = read_segment_bytes(segment.path.read_bytes())
+        except OSError:
+            return 0
+        return sum(b.records for b in batches if b is not None and b.seq <= ack)
 
     def _read_ack(self, token: str) -> int:
         path = self.dir / f"{token}.ack"
@@ -283,6 +308,15 @@ class Spool:
 
 def _unlink(path: Path) -> None:
     path.unlink(missing_ok=True)
+
+
+def _unlink_quietly(path: Path) -> None:
+    """Removes a temporary file after a failed write; the write's own error is the one to
+    report, so a failure here (the directory gone, say) is ignored."""
+    try:
+        path.unlink(missing_ok=True)
+    except OSError:
+        pass
 
 
 def has_spool(spool_dir: str | Path, run_id: str) -> bool:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import anyio
 
-from tests.simulation.world import BACKENDS, FAULTS, RUNS, World
+from tests.simulation.world import BACKENDS, FAULTS, PART_FAULTS, RUNS, World
 
 STEP_KINDS = (
     ["write"] * 36
@@ -47,7 +47,7 @@ class Step:
     def draw(cls, x: int) -> Step:
         r = random.Random(x)
         kind = r.choice(STEP_KINDS)
-        return cls(
+        step = cls(
             kind,
             r.choice(RUNS),
             r.randrange(0, 40),
@@ -65,6 +65,11 @@ class Step:
                  "advance": ["", "", "", "", "back"]}.get(kind, [""])
             ),
         )
+        # Drawn after everything else (so every other draw of a seed stays as it was): a
+        # quarter of faults are of a backend that stores a batch part by part.
+        if kind == "fault" and r.random() < 0.25:
+            step = cls(kind, step.run, step.a, step.b, r.choice(PART_FAULTS))
+        return step
 
 
 def schedule_of_seed(seed: int, length: int = 60) -> list[int]:
@@ -94,6 +99,13 @@ async def apply(world: World, step: Step) -> None:
         if step.c == "back":
             world.step_wall_clock_back(2 * step.b)
         await world.clock.sleep(step.b)
+    elif step.kind == "fault" and step.c == "flaky":
+        backend.flaky[run] = True  # until healed
+    elif step.kind == "fault" and step.c == "parts":
+        # Several in a row, more than a round's tries: each stores a part, so a round that
+        # counted tries whatever they stored would end (and a flush return) before the batch
+        # is delivered.
+        backend.faults[run].extend([step.c] * (3 + step.a % 8))
     elif step.kind == "fault":
         backend.faults[run].extend([step.c] * (1 + step.a % 4))
     elif step.kind == "heal":

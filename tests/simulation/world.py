@@ -15,8 +15,9 @@ import errno
 import random
 import sys
 from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +25,7 @@ import anyio
 import anyio.abc
 
 from async_tracker import AppRun
-from async_tracker.base import AsyncTrackerBase
+from async_tracker.base import END_PART, AsyncTrackerBase
 from async_tracker.clock import HybridClock
 from async_tracker.errors import PermanentBackendError, RecordError
 from async_tracker.ingress import ARTIFACT, METADATA, SOURCE, Ingress
@@ -44,6 +45,14 @@ if sys.version_info < (3, 11):  # pragma: no cover
 RUNS = ("a", "b")
 BACKENDS = ("idem", "raw")
 FAULTS = ("transient", "backend", "unknown", "group", "partial", "slow", "hang")
+# Backends that store a batch part by part (as AsyncTrackerBase.write_batch does: metadata,
+# each artifact, each source, the metrics in requests of METRICS_PER_PART points, the end
+# record, each marked in Batch.done): "parts"
+# fails one write after storing some of its parts; "flaky" fails each part of every write at
+# random (FLAKY_RATE) until healed: a backend that half-works.
+PART_FAULTS = ("parts", "flaky")
+FLAKY_RATE = 0.3
+METRICS_PER_PART = 2
 
 # Quick retries: the clock is virtual, but fewer rounds keep schedules short.
 POLICY = RetryPolicy(
@@ -83,6 +92,7 @@ class SimBackend(AsyncTrackerBase):
         self.tainted: set[str] = set()  # batch keys written in part before a failure
         self.release = {run: anyio.Event() for run in RUNS}
         self.hung = {run: 0 for run in RUNS}
+        self.flaky = {run: False for run in RUNS}  # every part fails at random (FLAKY_RATE)
         self.artifacts: dict[str, dict[str, str]] = {}
         self.sources: dict[str, set[str]] = {}
         self.artifact_arrivals: dict[str, set[str]] = {}
@@ -112,6 +122,10 @@ class SimBackend(AsyncTrackerBase):
         refused = [m for m in batch.metrics if (run_id, uid(m.name, m.step)) in self.poison]
         if refused:
             raise RecordError(f"simulated: cannot store {refused[0].name}@{refused[0].step}")
+        if fault == "parts" or self.flaky[run_id] or batch.done:
+            # Parts stored by an earlier try are marked: the rest goes part by part too.
+            self._store_parts(run_id, batch, fault == "parts")
+            return
         metrics = batch.metrics
         if fault == "partial" and len(metrics) > 1:
             self.tainted.add(batch.key.split(".")[0])
@@ -141,15 +155,66 @@ class SimBackend(AsyncTrackerBase):
                 place = len(self.arrivals.get(run_id, []))
                 self.end_arrivals.setdefault(run_id, []).append((token_of(key), place))
 
+    def _store_parts(self, run_id: str, batch: Batch, fail_once: bool) -> None:
+        """Stores the parts of ``batch`` not yet in ``batch.done``, one at a time, marking
+        each: a part stored is never sent again, so none of these faults allows a duplicate.
+        ``fail_once``: the write fails (transient) after storing at least one part, at a
+        random one; a flaky backend fails each part with probability FLAKY_RATE."""
+        key = batch.key.split(".")[0]
+
+        def metadata() -> None:
+            self.metadata.setdefault(run_id, {}).update(batch.metadata)
+            self.metadata_arrivals.setdefault(run_id, set()).update(batch.metadata.values())
+
+        def artifact(name: str, path: str) -> None:
+            self.artifacts.setdefault(run_id, {})[name] = path
+            self.artifact_arrivals.setdefault(run_id, set()).add(path)
+
+        def metrics(chunk: Sequence[TrackerMetric]) -> None:
+            self.arrivals.setdefault(run_id, []).extend((uid(m.name, m.step), key) for m in chunk)
+
+        def end() -> None:
+            place = len(self.arrivals.get(run_id, []))
+            self.end_arrivals.setdefault(run_id, []).append((token_of(key), place))
+
+        parts: list[tuple[str, Callable[[], None]]] = []
+        if batch.metadata:
+            parts.append(("metadata", metadata))
+        for name, art in batch.artifacts.items():
+            parts.append((f"artifact:{name}", partial(artifact, name, art.path)))
+        for src in batch.sources:
+            parts.append((
+                f"source:{src.source_run_id}:{src.artifact_name or ''}",
+                partial(self.sources.setdefault(run_id, set()).add, src.source_run_id),
+            ))
+        # Points go in requests of a few (as MLflow's log_batch does), each a part.
+        for i in range(0, len(batch.metrics), METRICS_PER_PART):
+            chunk = batch.metrics[i : i + METRICS_PER_PART]
+            parts.append((f"metrics:{i}", partial(metrics, chunk)))
+        if batch.end is not None:
+            parts.append((END_PART, end))
+        todo = [(name, store) for name, store in parts if name not in batch.done]
+        fail_at = self.rng.randrange(1, len(todo)) if fail_once and len(todo) > 1 else -1
+        for i, (name, store) in enumerate(todo):
+            if i == fail_at or (self.flaky[run_id] and self.rng.random() < FLAKY_RATE):
+                raise ConnectionError(f"simulated: {name} failed, {i} parts stored")
+            store()
+            batch.done.add(name)
+
     def heal(self, run: str | None = None) -> None:
         for r in RUNS if run is None else (run,):
             self.faults[r].clear()
+            self.flaky[r] = False
             self.release[r].set()
             self.release[r] = anyio.Event()
 
     def troubled(self, run: str) -> bool:
-        """Faults wait for this run's writes, or one of them hangs."""
-        return bool(self.faults[run]) or self.hung[run] > 0
+        """Faults wait for this run's writes, or one of them hangs. "parts" faults do not
+        count: each stores a part before it fails, so retries that follow progress never
+        give up on them, and a flush waits for everything through them."""
+        return (
+            any(f != "parts" for f in self.faults[run]) or self.hung[run] > 0 or self.flaky[run]
+        )
 
     # The rest of the interface: not used by the pipeline's writes.
     async def add_artifact(
