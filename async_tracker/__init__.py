@@ -31,6 +31,7 @@ from async_tracker.api import (
 )
 from async_tracker.errors import (
     BackendError,
+    BackendUnavailableError,
     DeliveryError,
     PermanentBackendError,
     RecordError,
@@ -56,6 +57,7 @@ __all__ = [
     "AsyncTrackerBase",
     "BackendError",
     "BackendStatus",
+    "BackendUnavailableError",
     "Batch",
     "DeliveryError",
     "FlushReport",

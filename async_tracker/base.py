@@ -199,10 +199,18 @@ class AsyncTrackerBase(ABC):
     def map_error(self, exc: BaseException) -> BaseException:
         """The error a lane should see for ``exc``, raised by this backend or its libraries:
         a :class:`~async_tracker.errors.TransientBackendError` (retry with backoff), a
-        :class:`~async_tracker.errors.PermanentBackendError` (keep the records, retry after a
-        cooldown) or a :class:`~async_tracker.errors.RecordError` (drop only the refused
-        records). The default keeps ``exc``: builtins are classified by
-        :func:`~async_tracker.errors.classify`, and anything unknown keeps the records."""
+        :class:`~async_tracker.errors.BackendUnavailableError` (keep the records, retry after
+        a cooldown) or a :class:`~async_tracker.errors.RecordError` (drop only the refused
+        records). The lane calls it once per failure, at its edge, then
+        :func:`~async_tracker.errors.classify`.
+
+        An override maps through the shared table
+        (:func:`async_tracker.backend.errors.map_failure` with
+        :data:`~async_tracker.error_table.SHARED_TABLE`, extended with the backend's own rows)
+        and returns an error that already is a
+        :class:`~async_tracker.errors.BackendError` (mapped where the backend knew what
+        failed) as it is. The default keeps ``exc``: :func:`~async_tracker.errors.classify`
+        looks it up in the shared table, and anything unknown keeps the records."""
         return exc
 
     async def end_run(self, run_id: str, reason: CloseReason) -> None:  # noqa: B027

@@ -6,25 +6,31 @@ The hierarchy::
     ├── TrackerClosedError        a write or flush after close()
     ├── TrackerConfigError        a factory, config string or config file that cannot be used
     ├── DeliveryError             close(strict=True) could not deliver everything
-    └── BackendError              raised by backends (each maps its libraries' errors here)
+    └── BackendError              raised by backends (each failure of their libraries
+        │                         mapped once, through :mod:`async_tracker.error_table`)
         ├── TransientBackendError   may pass by itself (a server restarting, a throttled or
         │                           timed-out request): retried with backoff
-        └── PermanentBackendError   about the backend, will not pass by retrying at once
+        └── BackendUnavailableError about the backend, will not pass by retrying at once
             │                       (permissions, read-only, disk full, auth, no bucket):
             │                       the records are kept (spooled), retried after a cooldown
             └── RecordError         about records of the batch (a value the backend cannot
                                     store): the lane splits the batch to find them and drops
                                     those records alone, counted and named in the report
 
-Lanes decide by :func:`classify` alone. Anything a backend did not map (an unknown error) is
+``PermanentBackendError`` is a deprecated alias of :class:`BackendUnavailableError` (the
+same class: ``isinstance`` and ``except`` work with either name); the failure is not
+permanent, the lane keeps the records and retries them after a cooldown.
+
+Lanes decide by :func:`classify` alone. A failure a backend did not map goes by the shared
+table (:data:`async_tracker.error_table.SHARED_TABLE`); one the table does not know is
 treated as a failure of the backend: the records are kept, never dropped.
 """
 
 from __future__ import annotations
 
-import errno
 import sys
-from typing import Literal
+
+from async_tracker.error_table import SHARED_TABLE, Kind
 
 if sys.version_info < (3, 11):  # pragma: no cover - 3.10
     from exceptiongroup import BaseExceptionGroup
@@ -54,12 +60,18 @@ class TransientBackendError(BackendError):
     """A failure that may pass (a server restarting, a throttled request): retried."""
 
 
-class PermanentBackendError(BackendError):
+class BackendUnavailableError(BackendError):
     """A failure of the backend that retrying at once will not mend (a missing permission, a
-    read-only or full store, a missing bucket). The records are kept and retried later."""
+    read-only or full store, a missing bucket). The records are kept and retried after a
+    cooldown."""
 
 
-class RecordError(PermanentBackendError):
+# Deprecated alias (the old name): the same class, so that code catching or raising
+# PermanentBackendError keeps working. New code names BackendUnavailableError.
+PermanentBackendError = BackendUnavailableError
+
+
+class RecordError(BackendUnavailableError):
     """The backend refused records of the batch for good (a value it cannot store).
 
     By default the lane splits the batch until it finds them, and drops only those. A backend
@@ -72,25 +84,31 @@ class RecordError(PermanentBackendError):
         self.refused = refused
 
 
-Kind = Literal["transient", "backend", "record"]
-
-TRANSIENT_ERRORS: tuple[type[BaseException], ...] = (
-    ConnectionError,
-    TimeoutError,
-    TransientBackendError,
-)
-
-# OSError numbers that say the store itself is unusable for now: keep the records.
-BACKEND_ERRNOS = frozenset(
-    {errno.ENOSPC, errno.EROFS, errno.EACCES, errno.EPERM, errno.EDQUOT, errno.ENOTDIR}
-)
+__all__ = [
+    "BackendError",
+    "BackendUnavailableError",
+    "DeliveryError",
+    "Kind",
+    "PermanentBackendError",
+    "RecordError",
+    "TrackerClosedError",
+    "TrackerConfigError",
+    "TrackerError",
+    "TransientBackendError",
+    "classify",
+    "is_transient",
+]
 
 
 def classify(exc: BaseException) -> Kind:
     """What a lane does with ``exc``: ``"transient"`` retry with backoff, ``"record"`` split
     the batch and drop the refused records, ``"backend"`` keep the records and retry after a
     cooldown. Exception groups are unwrapped: any failure of the backend wins, then any
-    transient one (a retry may then meet the record error alone)."""
+    transient one (a retry may then meet the record error alone).
+
+    A :class:`BackendError` goes by its class alone (it was mapped, once, by its backend);
+    anything else by the shared table (:data:`~async_tracker.error_table.SHARED_TABLE`),
+    and what the table does not know is about the backend."""
     if isinstance(exc, BaseExceptionGroup):
         kinds = {classify(e) for e in exc.exceptions}
         if "transient" in kinds and "backend" not in kinds:
@@ -98,11 +116,11 @@ def classify(exc: BaseException) -> Kind:
         return "record" if kinds == {"record"} else "backend"
     if isinstance(exc, RecordError):
         return "record"
-    if isinstance(exc, TRANSIENT_ERRORS):
+    if isinstance(exc, TransientBackendError):
         return "transient"
-    if isinstance(exc, OSError) and exc.errno is not None and exc.errno not in BACKEND_ERRNOS:
-        return "transient"  # ECONNRESET, EIO, EAGAIN, ENOENT of a racing directory ...
-    return "backend"
+    if isinstance(exc, BackendError):
+        return "backend"
+    return SHARED_TABLE.kind(exc) or "backend"
 
 
 def is_transient(exc: BaseException) -> bool:

@@ -67,7 +67,6 @@ import os
 import posixpath
 import re
 import secrets
-import sys
 import threading
 import time
 from base64 import b32decode, b32encode
@@ -81,21 +80,14 @@ import orjson
 from fsspec.implementations.local import LocalFileSystem
 
 from async_tracker.adapters import SyncTracker
-from async_tracker.backend.errors import (
-    chain,
-    errno_error,
-    http_status,
-    http_status_error,
-    is_network_failure,
-    map_group,
-)
+from async_tracker.backend.errors import map_failure
 from async_tracker.base import END_PART, AsyncTrackerBase, Checked, CloseReason
+from async_tracker.error_table import s3_error
 from async_tracker.errors import (
     BackendError,
-    PermanentBackendError,
+    BackendUnavailableError,
     RecordError,
     TrackerConfigError,
-    TransientBackendError,
 )
 from async_tracker.records import (
     Batch,
@@ -109,9 +101,6 @@ from async_tracker.records import (
 from async_tracker.runtime.loop import wait_future
 from async_tracker.runtime.process import run_blocking
 from async_tracker.settings import CRASHED_AFTER_BEATS
-
-if sys.version_info < (3, 11):  # pragma: no cover - 3.10
-    from exceptiongroup import BaseExceptionGroup
 
 logger = logging.getLogger(__name__)
 
@@ -224,44 +213,24 @@ _names = _Names()
 
 # -- errors ------------------------------------------------------------------------------------
 
-# S3 error codes (botocore's ClientError, which s3fs keeps as the cause of what it raises)
-# that may pass by themselves, after s3fs's and botocore's own retries gave up.
-S3_TRANSIENT_CODES = frozenset(
-    {
-        "SlowDown", "Throttling", "ThrottlingException", "ThrottledException",
-        "RequestThrottled", "RequestThrottledException", "TooManyRequestsException",
-        "RequestLimitExceeded", "BandwidthLimitExceeded", "ProvisionedThroughputExceededException",
-        "RequestTimeout", "RequestTimeoutException", "ServiceUnavailable", "InternalError",
-        "OperationAborted", "PriorRequestNotComplete", "Busy",
-    }
-)  # fmt: skip
-# S3 error codes about the object being written: the lane drops that record alone.
-S3_RECORD_CODES = frozenset(
-    {
-        "EntityTooLarge", "KeyTooLongError", "MetadataTooLarge", "InlineDataTooLarge",
-        "MaxMessageLengthExceeded", "MaxPostPreDataLengthExceededError",
-    }
-)  # fmt: skip
-# Every other S3 code (AccessDenied, NoSuchBucket, InvalidAccessKeyId, SignatureDoesNotMatch,
-# ExpiredToken ...) is about the backend: the records are kept.
 
+def _message(what: str) -> Callable[[BaseException], str]:
+    def message(exc: BaseException) -> str:
+        text = f"fsspec {what} failed: {type(exc).__name__}: {exc}"
+        s3 = s3_error(exc)
+        if s3 is not None:
+            code, status = s3
+            text += f" (S3 {code or 'error'}, HTTP {status})"
+        return text
 
-def _s3_error(exc: BaseException) -> tuple[str, int | None] | None:
-    """(code, HTTP status) of the botocore ClientError in ``exc``'s chain, or None."""
-    for cur in chain(exc):
-        response = getattr(cur, "response", None)
-        if isinstance(response, dict) and isinstance(response.get("Error"), dict):
-            meta = response.get("ResponseMetadata")
-            status = meta.get("HTTPStatusCode") if isinstance(meta, dict) else None
-            return str(response["Error"].get("Code") or ""), (
-                status if isinstance(status, int) else None
-            )
-    return None
+    return message
 
 
 def map_error(exc: BaseException, what: str) -> BackendError:
     """The package's error for what fsspec (or s3fs, botocore, aiohttp, the OS) raised while
-    doing ``what`` (``"write of <path>"``...), naming it.
+    doing ``what`` (``"write of <path>"``...), naming it (and the S3 code and HTTP status of
+    an S3 error answer), mapped by the shared table
+    (:data:`~async_tracker.error_table.SHARED_TABLE`; fsspec adds no rows of its own):
 
     * transient: connection and endpoint errors, timeouts, HTTP 408/429/5xx, S3's SlowDown,
       Throttling, RequestTimeout, ServiceUnavailable, InternalError; OSErrors that may pass
@@ -272,38 +241,10 @@ def map_error(exc: BaseException, what: str) -> BackendError:
     * about the record (dropped alone): S3's EntityTooLarge, KeyTooLongError; ENAMETOOLONG,
       EFBIG; HTTP 413.
 
-    Exception groups are unwrapped into one error (transient if any part is).
+    An error already mapped is returned as it is; exception groups are unwrapped into one
+    error (transient if any part is).
     """
-    if isinstance(exc, BackendError):
-        return exc
-    if isinstance(exc, BaseExceptionGroup):
-        mapped = map_group(exc, lambda e: map_error(e, what))
-        if mapped is not None:
-            return mapped
-    message = f"fsspec {what} failed: {type(exc).__name__}: {exc}"
-    s3 = _s3_error(exc)
-    if s3 is not None:
-        code, status = s3
-        message += f" (S3 {code or 'error'}, HTTP {status})"
-        if code in S3_TRANSIENT_CODES:
-            return TransientBackendError(message)
-        if code in S3_RECORD_CODES:
-            return RecordError(message)
-        if status is not None:
-            return http_status_error(status, message)
-        return PermanentBackendError(message)
-    if isinstance(exc, OSError):
-        mapped = errno_error(exc.errno, message)
-        if mapped is not None:
-            return mapped
-    if is_network_failure(exc):
-        return TransientBackendError(message)
-    status = http_status(exc)
-    if status is not None:
-        return http_status_error(status, message)
-    if isinstance(exc, FileNotFoundError):  # without an errno (memory://): as ENOENT
-        return TransientBackendError(message)
-    return PermanentBackendError(message)
+    return map_failure(exc, _message(what))
 
 
 @contextlib.contextmanager
@@ -656,7 +597,7 @@ class AsyncFsspecTracker(AsyncTrackerBase):
         """Whether the store holds ``run_id`` (its claim or any record it wrote), asking about
         the run's own directory alone, never the store: one request on object stores for a
         new run (is there a directory), then its listing. A file where the run's directory
-        should be is a PermanentBackendError."""
+        should be is a BackendUnavailableError."""
         run_dir = self._run_dir(run_id)
         # Not a listing straight away: s3fs lists a missing directory's parent (the whole
         # store, a page per 1,000 runs) to see whether it is a file.
@@ -665,7 +606,7 @@ class AsyncFsspecTracker(AsyncTrackerBase):
         try:
             entries = await self._storage.ls(run_dir)
         except NotADirectory:
-            raise PermanentBackendError(
+            raise BackendUnavailableError(
                 f"fsspec: {run_dir} is a file where the directory of run {run_id!r} should be"
             ) from None
         return not RUN_PARTS.isdisjoint(name for name, _ in entries)

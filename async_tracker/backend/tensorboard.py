@@ -54,7 +54,6 @@ import math
 import os
 import secrets
 import socket
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -62,11 +61,10 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from async_tracker.adapters import SyncTracker
-from async_tracker.backend.errors import errno_error, map_group
+from async_tracker.backend.errors import map_failure
 from async_tracker.base import END_PART, AsyncTrackerBase, Checked, CloseReason
 from async_tracker.errors import (
     BackendError,
-    PermanentBackendError,
     RecordError,
     TrackerConfigError,
     TransientBackendError,
@@ -97,9 +95,6 @@ except ImportError as exc:  # pragma: no cover - the extra is not installed
         "the TensorBoard backend needs the tensorboard package: "
         "pip install 'async-tracker[tensorboard]'"
     ) from exc
-
-if sys.version_info < (3, 11):  # pragma: no cover - 3.10
-    from exceptiongroup import BaseExceptionGroup
 
 __all__ = [
     "AsyncTensorBoardTracker",
@@ -176,25 +171,15 @@ def run_path(run_id: str) -> str:
 
 
 def map_error(exc: BaseException, what: str = "write") -> BackendError:
-    """The package's error for what the file system raised while doing ``what``.
-
-    OSErrors go by their number (:func:`~async_tracker.backend.errors.errno_error`: EIO,
-    ENOENT of a folder removed under us ... transient; ENOSPC, EROFS, EACCES, ENOTDIR ...
-    about the store, the records kept; ENAMETOOLONG about the record). Anything else is
-    about the store: the records are kept and retried after a cooldown.
+    """The package's error for what the file system raised while doing ``what``, mapped by
+    the shared table (:data:`~async_tracker.error_table.SHARED_TABLE`; tensorboard adds no
+    rows of its own): OSErrors go by their number (EIO, ENOENT of a folder removed under us
+    ... transient; ENOSPC, EROFS, EACCES, ENOTDIR ... about the store, the records kept;
+    ENAMETOOLONG about the record). Anything the table does not know is about the store: the
+    records are kept and retried after a cooldown. An error already mapped is returned as it
+    is.
     """
-    if isinstance(exc, BackendError):
-        return exc
-    if isinstance(exc, BaseExceptionGroup):
-        mapped = map_group(exc, lambda e: map_error(e, what))
-        if mapped is not None:
-            return mapped
-    message = f"tensorboard {what} failed: {type(exc).__name__}: {exc}"
-    if isinstance(exc, OSError):
-        by_number = errno_error(exc.errno, message)
-        if by_number is not None:
-            return by_number
-    return PermanentBackendError(message)
+    return map_failure(exc, lambda e: f"tensorboard {what} failed: {type(e).__name__}: {e}")
 
 
 # -- encoding ----------------------------------------------------------------------------------

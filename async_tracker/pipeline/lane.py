@@ -392,7 +392,9 @@ class Lane:
 
     async def _deliver(self, run_id: str, batch: Batch) -> None:
         """One write of the backend, its failure as the backend maps it (map_error): the
-        lane decides retry, keep or drop by what the mapped error is.
+        lane's edge, where each failure is mapped once (an error the backend already mapped,
+        naming its file or request, comes back as it is) and the lane decides retry, keep or
+        drop by what the mapped error is (:func:`~async_tracker.errors.classify`).
 
         The batch's done marks are for the store that took those parts (``done_for``): a
         batch replayed into another store (``sync --to``) is written whole there. Marks whose

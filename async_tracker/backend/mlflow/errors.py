@@ -4,50 +4,26 @@
 from __future__ import annotations
 
 import re
-import sys
+from collections.abc import Callable
 
-from async_tracker.backend.errors import (
-    chain,
-    errno_error,
-    http_status,
-    http_status_error,
-    is_network_failure,
-    map_group,
-)
+from async_tracker.backend.errors import map_failure
+from async_tracker.error_table import SHARED_TABLE, ErrorTable, MessageRow
 from async_tracker.errors import (
     BackendError,
-    PermanentBackendError,
-    RecordError,
+    BackendUnavailableError,
     TrackerConfigError,
-    TransientBackendError,
 )
 
-if sys.version_info < (3, 11):  # pragma: no cover - 3.10
-    from exceptiongroup import BaseExceptionGroup
-
-__all__ = ["AmbiguousRunError", "is_record_refusal", "map_error"]
+__all__ = ["MLFLOW_TABLE", "AmbiguousRunError", "is_record_refusal", "map_error"]
 
 
-class AmbiguousRunError(TrackerConfigError, PermanentBackendError):
+class AmbiguousRunError(TrackerConfigError, BackendUnavailableError):
     """Several MLflow runs of the experiment are named after one run id, and none is ours:
     which one to write to is the user's choice. A :class:`TrackerConfigError` (and so a
     ``ValueError``) for a caller; for a lane, a failure of the backend that keeps the records
     until the duplicates are gone."""
 
 
-# MLflow error codes (MlflowException.error_code) that may pass by themselves. INTERNAL_ERROR
-# is what the client says for a 500 answer, and for a request that failed on the way.
-_TRANSIENT_MLFLOW_CODES = frozenset(
-    {
-        "INTERNAL_ERROR",
-        "TEMPORARILY_UNAVAILABLE",
-        "DEADLINE_EXCEEDED",
-        "REQUEST_LIMIT_EXCEEDED",
-        "RESOURCE_EXHAUSTED",
-        "ABORTED",
-        "IO_ERROR",
-    }
-)
 # INVALID_PARAMETER_VALUE is about the entries of the request when its message says so (paths
 # of the entries in log_batch, MLflow's limits, immutable params); else (a run id, an
 # experiment, a search filter) it is about the backend.
@@ -61,15 +37,41 @@ _RECORD_MESSAGE_RE = re.compile(
     r"|Batched logging API requests must be at most"
     r"|Tag value cannot be None"
 )
-_SQLALCHEMY_TRANSIENT = frozenset({"OperationalError", "TimeoutError", "DisconnectionError"})
 
+# MLflow error codes (MlflowException.error_code) that may pass by themselves.
+# INTERNAL_ERROR is what the client says for a 500 answer, and for a request that failed on
+# the way.
+_TRANSIENT_CODES = (
+    "INTERNAL_ERROR", "TEMPORARILY_UNAVAILABLE", "DEADLINE_EXCEEDED", "REQUEST_LIMIT_EXCEEDED",
+    "RESOURCE_EXHAUSTED", "ABORTED", "IO_ERROR",
+)  # fmt: skip
+# About the backend: the records are kept (INVALID_PARAMETER_VALUE only when not about the
+# entries of the request, see the message row below). A code in neither list goes by the
+# rest of the table, and is about the backend when nothing there matches.
+_BACKEND_CODES = (
+    "RESOURCE_DOES_NOT_EXIST", "RESOURCE_ALREADY_EXISTS", "PERMISSION_DENIED",
+    "UNAUTHENTICATED", "CUSTOMER_UNAUTHORIZED", "BAD_REQUEST", "INVALID_PARAMETER_VALUE",
+    "INVALID_STATE", "ENDPOINT_NOT_FOUND", "FEATURE_DISABLED", "NOT_IMPLEMENTED",
+)  # fmt: skip
+# The store's database behind a local tracking URI.
+_TRANSIENT_TYPES = (
+    "sqlalchemy.OperationalError", "sqlalchemy.TimeoutError", "sqlalchemy.DisconnectionError",
+)  # fmt: skip
 
-def _is_database_busy(exc: BaseException) -> bool:
-    """A SQLite store (local, or behind the server) busy with another writer."""
-    return any(
-        "database is locked" in str(cur) or "database table is locked" in str(cur)
-        for cur in chain(exc)
-    )
+# What is MLflow's own, added to the shared table (connections, timeouts, HTTP statuses and
+# the OSErrors of a local artifact store go by the shared rows).
+MLFLOW_TABLE: ErrorTable = SHARED_TABLE.extend(
+    messages=(
+        # A SQLite store (local, or behind the server) busy with another writer.
+        MessageRow(re.compile("database (?:table )?is locked"), "transient"),
+        MessageRow(_RECORD_MESSAGE_RE, "record", code="INVALID_PARAMETER_VALUE"),
+    ),
+    codes={
+        **dict.fromkeys(_TRANSIENT_CODES, "transient"),
+        **dict.fromkeys(_BACKEND_CODES, "backend"),
+    },
+    types=dict.fromkeys(_TRANSIENT_TYPES, "transient"),
+)
 
 
 def is_record_refusal(exc: BaseException) -> bool:
@@ -93,9 +95,20 @@ def error_code(exc: BaseException) -> str | None:
     return code if isinstance(code, str) else None
 
 
+def _message(what: str) -> Callable[[BaseException], str]:
+    def message(exc: BaseException) -> str:
+        text = f"MLflow {what} failed: {type(exc).__name__}: {exc}"
+        code = error_code(exc)
+        if code is not None and code not in text:
+            text += f" ({code})"
+        return text
+
+    return message
+
+
 def map_error(exc: BaseException, what: str = "request") -> BackendError:
     """The package's error for whatever the MLflow client (or its store) raised while doing
-    ``what``, naming it.
+    ``what``, naming it, mapped by :data:`MLFLOW_TABLE` (the shared table with MLflow's rows):
 
     * transient: connection failures and timeouts (requests, urllib3), HTTP 408/429/5xx, the
       MLflow codes INTERNAL_ERROR, TEMPORARILY_UNAVAILABLE, DEADLINE_EXCEEDED,
@@ -107,35 +120,7 @@ def map_error(exc: BaseException, what: str = "request") -> BackendError:
       UNAUTHENTICATED, every other code, a full or read-only artifact store, and any error
       not recognised.
 
-    Exception groups are unwrapped into one error (transient if any part is).
+    An error already mapped is returned as it is; exception groups are unwrapped into one
+    error (transient if any part is).
     """
-    if isinstance(exc, BackendError):
-        return exc
-    if isinstance(exc, BaseExceptionGroup):
-        mapped = map_group(exc, lambda e: map_error(e, what))
-        if mapped is not None:
-            return mapped
-    message = f"MLflow {what} failed: {type(exc).__name__}: {exc}"
-    code = error_code(exc)
-    if code is not None and code not in message:
-        message += f" ({code})"
-    if is_network_failure(exc) or _is_database_busy(exc):
-        return TransientBackendError(message)
-    if code is not None:  # an MlflowException
-        if code in _TRANSIENT_MLFLOW_CODES:
-            return TransientBackendError(message)
-        if code == "INVALID_PARAMETER_VALUE" and is_record_refusal(exc):
-            return RecordError(message)
-        return PermanentBackendError(message)
-    status = http_status(exc)
-    if status is not None:
-        return http_status_error(status, message)
-    if isinstance(exc, OSError):  # a local artifact store: a copy that failed
-        mapped_os = errno_error(exc.errno, message)
-        if mapped_os is not None:
-            return mapped_os
-    if type(exc).__module__.startswith("sqlalchemy") and type(exc).__name__ in (
-        _SQLALCHEMY_TRANSIENT
-    ):
-        return TransientBackendError(message)
-    return PermanentBackendError(message)
+    return map_failure(exc, _message(what), MLFLOW_TABLE)

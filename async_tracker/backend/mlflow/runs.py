@@ -61,7 +61,7 @@ from async_tracker.backend.mlflow.mapping import (
     sha1,
 )
 from async_tracker.base import CloseReason
-from async_tracker.errors import PermanentBackendError, TransientBackendError
+from async_tracker.errors import BackendUnavailableError, TransientBackendError
 
 logger = logging.getLogger("async_tracker.backend.mlflow")
 
@@ -146,7 +146,7 @@ class RunBook:
                         f"MLflow experiment {self.experiment_name!r} vanished while created"
                     )
             if exp.lifecycle_stage != "active":
-                raise PermanentBackendError(
+                raise BackendUnavailableError(
                     f"MLflow experiment {self.experiment_name!r} is deleted: restore it "
                     "(mlflow experiments restore) or choose another experiment_name"
                 )
