@@ -46,8 +46,8 @@ def test_close_under_sixteen_writers_counts_each_record_once_and_leaves_none_in_
         t.start()
     go.set()
     # Far past the bound, with every writer going: the loop has had to keep up with them.
-    wait_until(lambda: sum(written) >= 500_000 and min(written) > 0, "500k points written")
-    report = run.close(timeout=1.0)
+    wait_until(lambda: sum(written) >= 1_000_000 and min(written) > 0, "1M points written")
+    report = run.close(timeout=0.5)
     for t in threads:
         t.join()
     accepted = sum(written)
