@@ -6,16 +6,19 @@ record exactly once."""
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from async_tracker import AppRun
 from async_tracker.backend.memory import InMemoryTracker
 from async_tracker.errors import TrackerClosedError
 from tests.core.helpers import wait_until
-from tests.faulty import FaultyTracker, Hang
+from tests.faulty import BlockLoop, FaultyTracker, Hang
 
 WRITERS = 16
 
@@ -88,3 +91,28 @@ def test_one_fast_producer_against_a_stalled_store_stays_within_the_bound(
     assert most <= limit + limit // 4, most
     report = run.close(timeout=1.0)
     assert report.pending == 0 and report.spooled == 200_001, report
+
+
+def test_a_stuck_tracker_loop_lets_writes_past_the_bound_with_a_warning(
+    tmp_path: Path, make_run: Callable[..., AppRun], caplog: pytest.LogCaptureFixture
+) -> None:
+    # An async backend that blocks the tracker loop itself: nothing takes records out, so a
+    # wait for room runs out once; the writes then go on (they wait no more until the loop
+    # drains), said once, and nothing is lost.
+    release = threading.Event()
+    mem = InMemoryTracker()
+    store = FaultyTracker(mem, name="blocking").on("write_batch", 1, action=BlockLoop(release))
+    run = make_run("stuck", [store], spool_dir=str(tmp_path), max_buffered=100, batch_size=10)
+    try:
+        for i in range(10):
+            run.log_metric("m", float(i), i)
+        run.flush(0)
+        assert store.wait_for("write_batch", 1)
+        with caplog.at_level(logging.WARNING, logger="async_tracker.run"):
+            for i in range(10, 400):
+                run.log_metric("m", float(i), i)
+        assert sum("took no records" in r.getMessage() for r in caplog.records) == 1
+    finally:
+        release.set()
+    assert run.flush(60).ok
+    assert [p.step for p in mem.points("stuck", "m")] == list(range(400))
