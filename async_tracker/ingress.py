@@ -25,6 +25,23 @@ is then in the old structure, every later one goes to the new: draining the old 
 keeps call order, and at close every write that returns normally is in the final drain. The
 wait is bounded (a writer runs a few bytecodes once it has the GIL) and costs the hot path
 nothing.
+
+The bound at the door. The tracker loop switches to the packed ingress and has the lanes
+spool, but it runs only when it gets the GIL: writers in a tight loop (16 threads of them)
+can keep it away for long stretches and fill memory with tens of millions of records. So a
+write that finds its structure holding ``max_buffered`` records or more does not append: it
+waits in :func:`wait_for_room` (short sleeps, which hand the GIL to the loop) until the
+loop has taken records out, or the run is sealed. The deque's check is one ``len()``
+comparison on the hot path; the packed ingress checks its own length. A thread waiting
+there has not fetched the structure it will write to yet, so :func:`wait_for_writers`
+does not wait for it (it will fetch whatever is current when it leaves).
+
+Why wait rather than spool on the writer's thread: the records' numbers (the run's order) and
+the lanes' logs belong to the loop, and packing is already what the loop switches writers to;
+what the loop lacks under sixteen writers is the GIL, which a waiting writer gives up. The
+wait lasts one turn of the loop while the spool keeps up (the writers go at the spool's pace),
+never on the backend. A loop that takes nothing for :data:`ROOM_WAIT_S` (stuck in an async
+backend's blocking call) lets writes in past the bound, with a warning, until it drains again.
 """
 
 from __future__ import annotations
@@ -36,10 +53,11 @@ import sys
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Sized
 from types import CodeType, FrameType
 from typing import Any, Final, Protocol
 
+from async_tracker.errors import TrackerClosedError
 from async_tracker.records import MetricColumns
 
 METADATA: Final = "metadata"
@@ -76,6 +94,11 @@ class Ingress:
         one C call: all of them, or none)."""
         return self._records
 
+    @property
+    def deque(self) -> deque[Record]:
+        """The deque itself, for the hot path's check of the bound (one ``len()``)."""
+        return self._records
+
     def __len__(self) -> int:
         return len(self._records)
 
@@ -104,6 +127,10 @@ NO_STEP: Final = -(2**63)
 OTHER: Final = 0xFFFFFFFF
 
 
+def _always() -> bool:
+    return True
+
+
 class Packed:
     """The ingress of an overloaded run: records packed into one ``bytearray``.
 
@@ -119,7 +146,19 @@ class Packed:
     is inside a write (:func:`wait_for_writers`), so the old buffer is complete by then.
     """
 
-    def __init__(self) -> None:
+    def __init__(
+        self, limit: int = 0, beside: Sized = (), may_wait: Callable[[], bool] | None = None
+    ) -> None:
+        # Points the writers may have waiting here and in ``beside`` (the run's deque, which
+        # drains while this fills) before they wait for room (0: no bound).
+        self._limit = limit if limit > 0 else 1 << 62
+        self._beside = beside
+        # Whether this thread may wait for room: not the tracker loop's own (a backend's or
+        # the system metrics' write there would wait for itself).
+        self._may_wait = may_wait or _always
+        self._stuck_at = 1 << 62  # the length when a wait ran out (see _wait)
+        # Set (once) by the run's seal: a writer that waited for room raises, not writes.
+        self.sealed = False
         self._buf = bytearray()
         self._push = self._buf.extend
         self._front = bytearray()  # swapped out, complete; read from _offset on
@@ -135,15 +174,38 @@ class Packed:
         return (len(self._front) - self._offset + len(self._buf)) // POINT.size
 
     def append(self, record: Record) -> None:
+        if self._full():
+            self._wait()
         try:  # the common case inline: a point of a known name
             name, value, step, ts = record
             packed = _pack(self._index[name], value, NO_STEP if step is None else step, ts)
         except (KeyError, ValueError, struct.error):
             packed = self._pack(record)  # a new name, another kind of record, a huge step
+        # _push read here, after any wait: a swap meanwhile gave it a new buffer.
         self._push(packed)
 
     def extend(self, records: list[Record]) -> None:
+        if self._full():
+            self._wait()
         self._push(b"".join(map(self._pack, records)))
+
+    def _full(self) -> bool:
+        # A method call and two len()s on each packed write: the overloaded path only.
+        return len(self) + len(self._beside) >= self._limit
+
+    def _wait(self) -> None:
+        """Past the bound: waits for the loop to take points out (see the module's note).
+        The seal is read after the wait, out of wait_for_room: a close that waits for the
+        writers then sees this thread inside the write until it has raised or written.
+        After a wait ran out (a stuck loop), writes wait no more until the loop took some."""
+        n = len(self)
+        if self._may_wait() and n < self._stuck_at:
+            if wait_for_room(self._full, lambda: self.sealed):
+                self._stuck_at = 1 << 62
+            else:
+                self._stuck_at = n
+        if self.sealed:
+            raise TrackerClosedError("the run was closed while this write waited for room")
 
     def _pack(self, record: Record) -> bytes:
         if len(record) == 4:
@@ -280,6 +342,31 @@ def _current_frames() -> dict[int, Any]:
             gc.enable()
 
 
+# At most this long a write waits for room (per wait). The loop takes records out within its
+# next turn at the GIL, which the waiting writers give it; a loop stuck longer (an async
+# backend blocking it) must not stall the program: the write then goes in past the bound.
+ROOM_WAIT_S = 1.0
+
+
+def wait_for_room(full: Callable[[], bool], sealed: Callable[[], bool]) -> bool:
+    """On a writer's thread, before it fetches where it writes: waits while ``full()`` and
+    not ``sealed()``, at most :data:`ROOM_WAIT_S`; False if that ran out. Sleeps, so that the
+    tracker loop (and the writers' own thread switches) get the GIL: with every writer here,
+    the loop runs at once."""
+    deadline = time.monotonic() + ROOM_WAIT_S
+    pause = 0.0001
+    while full() and not sealed():
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(pause)
+        pause = min(0.002, pause * 2)
+    return True
+
+
+# The wait for room: a thread inside it is not inside a write yet (see writers_inside).
+_ROOM_CODE = wait_for_room.__code__
+
+
 def writers_inside(codes: Collection[CodeType]) -> dict[int, FrameType]:
     """The threads other than this one running one of ``codes`` (anywhere on their stack),
     each with the frame of that call. ``sys._current_frames`` takes the snapshot under the
@@ -293,6 +380,8 @@ def writers_inside(codes: Collection[CodeType]) -> dict[int, FrameType]:
             continue
         f: FrameType | None = frame
         while f is not None:
+            if f.f_code is _ROOM_CODE:
+                break  # waiting for room: it fetches where it writes only once it leaves
             if f.f_code in codes:
                 inside[ident] = f
                 break
@@ -304,6 +393,8 @@ def _still_running(call: FrameType, top: FrameType | None) -> bool:
     while top is not None:
         if top is call:
             return True
+        if top.f_code is _ROOM_CODE:
+            return False  # it has entered a wait for room: it will fetch the new structure
         top = top.f_back
     return False
 

@@ -24,6 +24,7 @@ import concurrent.futures
 import enum
 import logging
 import os
+import sys
 import threading
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
@@ -52,10 +53,12 @@ from async_tracker.factory import (
 from async_tracker.ingress import (
     ARTIFACT,
     METADATA,
+    ROOM_WAIT_S,
     SOURCE,
     Ingress,
     Record,
     Sink,
+    wait_for_room,
     wait_for_writers,
 )
 from async_tracker.pipeline.lane import Lane
@@ -301,6 +304,18 @@ class AppRun:
         # KeyboardInterrupt cannot keep some of them and lose the rest). Until the first
         # write the sink starts the flusher; after close() it raises.
         self._sink: Sink = _FirstWrite(self) if self._async_backends else _DISCARD
+        # The bound at the door (see ingress.py): the hot path compares the deque's length
+        # with max_buffered, one comparison; past it the write waits for the tracker loop to
+        # take records out, on its own thread, whether or not the loop got the GIL lately.
+        # The packed ingress counts the deque too, so that the two together stay within
+        # max_buffered while writes go there; after an overload (it ends at a quarter), the
+        # quarter still packed drains while the deque fills: at most a quarter more then.
+        self._queue = self._ingress.deque
+        self._room = self.options.max_buffered
+        self._overrun_due: list[None] = [None]  # said once (list.pop is atomic)
+        # The deque's length when a wait for room ran out (see _wait_for_room); a plain int
+        # that racing writers may each set: any of their values does.
+        self._stuck_at = sys.maxsize
         if not _backend_names or _owns_backends:
             # Not for the read-only runs _relative() makes: the run they came from said it.
             self._warn_skipped_metrics()
@@ -393,6 +408,7 @@ class AppRun:
         # Stamped by the process's hybrid clock: the call's wall time, never back in the
         # process (backends that many processes write order a key's writes by it).
         stamp = _metadata_clock.stamp(int(_wall_clock() * 1_000_000_000))
+        self._wait_for_room()
         self._sink.append((METADATA, (metadata, stamp)))
 
     def add_artifact(
@@ -401,12 +417,14 @@ class AppRun:
         """Records an artifact: a name, where it lives, and optional metadata."""
         artifact = check_artifact(name, path, metadata)
         self._validate(artifact)
+        self._wait_for_room()
         self._sink.append((ARTIFACT, artifact))
 
     def add_source(self, source_id: str, artifact_name: str | None = None) -> None:
         """Records that this run derives from ``source_id`` (a parent run, a data set ...)."""
         source = check_source(source_id, artifact_name)
         self._validate(source)
+        self._wait_for_room()
         self._sink.append((SOURCE, source))
 
     def log_metric(
@@ -426,12 +444,14 @@ class AppRun:
                 name in self._metric_names
                 and type(value) is float
                 and (step is None or type(step) is int)
+                and len(self._queue) < self._room
             ):
                 self._sink.append((name, value, step, _wall_clock()))
                 return
         except TypeError:
             pass
         name, value, step = self._check_metric(name, value, step)
+        self._wait_for_room()
         self._sink.append((name, value, step, _wall_clock()))
 
     def log_metrics(
@@ -457,6 +477,8 @@ class AppRun:
                         break
                     points.append((name, value, step, now))
                 else:
+                    if len(self._queue) >= self._room:
+                        self._wait_for_room()
                     self._sink.extend(points)
                     return
             except TypeError:
@@ -464,7 +486,37 @@ class AppRun:
         points = [
             (*self._check_metric(name, value, step), now) for name, value in metrics.items()
         ]
+        self._wait_for_room()
         self._sink.extend(points)
+
+    def _wait_for_room(self) -> None:
+        """Past the bound, waits for the tracker loop to take records out of the ingress
+        (see ingress.py, "The bound at the door"), at most ROOM_WAIT_S; a close meanwhile
+        ends the wait, and the write then finds the closed run's sink. The caller fetches
+        ``self._sink`` only after this returns: it writes where the run writes now."""
+        queue, room = self._queue, self._room
+        n = len(queue)
+        if n < room or runtime().loop.in_loop_thread():
+            return  # room; or the loop's own thread (system metrics), which cannot wait on itself
+        if n >= self._stuck_at:
+            # A wait ran out and the loop has taken nothing since (it is stuck: an async
+            # backend blocking it): not a second per write; the waits resume once it drains.
+            return
+        if wait_for_room(lambda: len(queue) >= room, lambda: self.closed):
+            self._stuck_at = sys.maxsize
+        else:
+            self._stuck_at = len(queue)
+            self._overrun()
+
+    def _overrun(self) -> None:
+        try:
+            self._overrun_due.pop()
+        except IndexError:
+            return  # said already
+        logger.warning(
+            "async_tracker: run %r: the tracker loop took no records for %.0f s; writes go "
+            "on past max_buffered meanwhile", self.id, ROOM_WAIT_S,
+        )
 
     def _check_metric(
         self, name: object, value: object, step: object

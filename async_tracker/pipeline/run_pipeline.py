@@ -18,6 +18,7 @@ from __future__ import annotations
 import logging
 import math
 import random
+import threading
 import time
 from collections.abc import Callable, Coroutine, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -113,7 +114,12 @@ class RunPipeline:
         # bound adds to the hot path. set_hot returns once no writer still uses the old one.
         self._set_hot = set_hot
         self._hot: HotPath = "plain"
-        self.packed = Packed()
+        # Bounded too: past max_buffered records in it and the deque together, its writers
+        # wait for room (see ingress.py).
+        self.packed = Packed(options.max_buffered, ingress, self._off_the_loop)
+        # The thread that cuts (the tracker loop's; the simulator's own): a write there must
+        # not wait for room, which only that very thread can make. Set at each cut.
+        self._cutter_thread: int | None = None
         # Records taken from the ingress whose first one has a metric value still being
         # computed on a device (see tensors.py): they wait here, in order, ahead of the rest.
         self.unsettled = Ingress()
@@ -124,6 +130,10 @@ class RunPipeline:
         # it holds only older records, so it is drained first. Held records are older still.
         self._sources: list[Ingress | Packed] = [self.unsettled, ingress, self.packed]
         self.overloaded = False
+        # Held by a cut from taking a batch to handing it to the lanes, and by status():
+        # the one thing here other threads wait for, one batch's cut at most. Reentrant: a
+        # signal handler may read the status on the thread that cuts (the simulator's).
+        self._counting = threading.RLock()
         self.last_cut = self.clock.now()
         self.closed = False
         # The scopes of the flushes (and reads) waiting for lanes: close() ends them once it
@@ -163,6 +173,7 @@ class RunPipeline:
         handed to every lane in order. Under overload the packed ingress is taken a share
         at a time, as the lanes write what they hold to disk: what waits stays packed
         (unless ``everything``)."""
+        self._cutter_thread = threading.get_ident()
         self.check_memory()
         self.last_cut = self.clock.now()
         self._stalled = False
@@ -171,10 +182,11 @@ class RunPipeline:
         if excess:
             # Past the bound (drop_oldest): the oldest records, numbered, go to the policy.
             for source in self._sources:
-                taken = _take(source, excess)
+                with self._counting:
+                    taken = _take(source, excess)
+                    if taken:
+                        self.overflow.shed(self.cutter.cut(taken), self.lanes)
                 excess -= len(taken)
-                if taken:
-                    self.overflow.shed(self.cutter.cut(taken), self.lanes)
         for source in list(self._sources):
             budget = len(source)
             if source is self.packed and self.overloaded and not everything:
@@ -184,12 +196,14 @@ class RunPipeline:
                 held = max((lane.memory for lane in self.lanes), default=0)
                 budget = min(budget, max(0, limit // 2 - held))
             while budget > 0:
-                batch = self._take_batch(source, min(budget, self.options.batch_size))
+                with self._counting:  # taken, numbered and handed over as one step
+                    batch = self._take_batch(source, min(budget, self.options.batch_size))
+                    if batch is not None:
+                        for lane in self.lanes:
+                            lane.put(batch)
                 if batch is None:
                     break
                 budget -= batch.records
-                for lane in self.lanes:
-                    lane.put(batch)
                 # A long cut shares the GIL with writers that may be filling the ingress
                 # faster than it drains: look at the bound between batches, not only at ticks.
                 self.check_memory()
@@ -234,6 +248,10 @@ class RunPipeline:
         return ready
 
     # -- the memory bound -----------------------------------------------------------------------
+    def _off_the_loop(self) -> bool:
+        """Whether this thread is not the one that cuts: a writer here may wait for room."""
+        return threading.get_ident() != self._cutter_thread
+
     def held(self) -> int:
         """Records of this run in memory: the ingress (the packed one too: a writer that
         keeps it filling keeps the overload going), and the most any lane holds."""
@@ -341,6 +359,7 @@ class RunPipeline:
         """The run takes no more writes (from any thread): writers waiting for room under
         the block policy give up now, with TrackerClosedError."""
         self.closed = True
+        self.packed.sealed = True  # writers waiting for room in it raise, not write
         self.overflow.seal()
 
     async def close(self, timeout: float, reason: CloseReason = "finished") -> FlushReport:
@@ -440,11 +459,16 @@ class RunPipeline:
         return FlushReport.from_status(self.status(), timed_out=timed_out)
 
     def status(self) -> TrackerStatus:
-        buffered = self.waiting()
+        # Under the lock a cut holds while a batch is in its hands (taken from the ingress,
+        # not yet in the lanes): read from another thread meanwhile (a close whose loop is
+        # still busy answers with the state then), that batch would be counted nowhere.
+        with self._counting:
+            buffered = self.waiting()
+            backends = {lane.name: lane.status(buffered) for lane in self.lanes}
         return TrackerStatus(
             run_id=self.run_id,
             closed=self.closed,
-            backends={lane.name: lane.status(buffered) for lane in self.lanes},
+            backends=backends,
             overloaded=self.overloaded,
             blocked_writes=self.overflow.blocked_writes,
             blocked_s=self.overflow.blocked_s,
