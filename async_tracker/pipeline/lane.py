@@ -234,6 +234,7 @@ class Lane:
                     await self._supervised(self._deliver_forever, self._deliver_scope)
         finally:
             self._ended.set()
+
     async def _heartbeat_forever(self) -> None:
         """Tells the backend the run is alive, every ``heartbeat_s``, until close stops the
         lane. A task of its own, beside delivery: each call is bounded by the interval and
