@@ -96,6 +96,7 @@ __all__ = [
     "TrackerError",
     "TransientBackendError",
     "classify",
+    "describe",
     "is_transient",
 ]
 
@@ -121,6 +122,11 @@ def classify(exc: BaseException) -> Kind:
     if isinstance(exc, BackendError):
         return "backend"
     return SHARED_TABLE.kind(exc) or "backend"
+
+
+def describe(exc: BaseException) -> str:
+    """``exc`` in one line, its type first, for reports and logs."""
+    return f"{type(exc).__name__}: {exc}"
 
 
 def is_transient(exc: BaseException) -> bool:

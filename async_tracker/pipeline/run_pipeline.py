@@ -29,9 +29,10 @@ import anyio
 
 from async_tracker.base import AsyncTrackerBase, CloseReason
 from async_tracker.clock import Clock
+from async_tracker.errors import describe
 from async_tracker.ingress import Ingress, Packed, Record, Sink
 from async_tracker.pipeline.cutter import Cutter
-from async_tracker.pipeline.lane import Lane, describe
+from async_tracker.pipeline.lane import Lane
 from async_tracker.pipeline.overflow import HotPath, make_overflow
 from async_tracker.records import Batch
 from async_tracker.report import FlushReport, TrackerStatus

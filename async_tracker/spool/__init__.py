@@ -1,5 +1,7 @@
 """The spool: records that wait on local disk, in order, until their backend takes them.
 
+* :mod:`~async_tracker.spool.log`: one backend's ordered log of batches, in memory then on
+  disk: the spiller, acks, adoption of dead pipelines' segments, leftovers at close.
 * :mod:`~async_tracker.spool.codec`: one batch per line, with a checksum.
 * :mod:`~async_tracker.spool.store`: segments, acks, quarantine of one (run, backend).
 * :mod:`~async_tracker.spool.owner`: lock files that tell live pipelines from dead ones.

@@ -115,7 +115,7 @@ async def apply(world: World, step: Step) -> None:
         world.io.errno_ = {"ENOSPC": errno.ENOSPC, "EROFS": errno.EROFS}[step.c]
     elif step.kind == "foreign":
         lane = world.runs[run].pipeline.lanes[step.a % len(BACKENDS)]
-        directory = Path(lane.spool.path)
+        directory = Path(lane.log.spool.path)
         directory.mkdir(parents=True, exist_ok=True)
         if step.c == "file":
             (directory / f"stray-{step.a}.txt").write_text("not ours")

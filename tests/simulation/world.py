@@ -475,7 +475,7 @@ class World:
         child.scope.cancel()
         await child.stopped.wait()
         total = report.delivered + report.pending + report.spooled + report.dropped
-        adopted = sum(lane.adopted for lane in pipeline.lanes)  # dead pipelines' leftovers
+        adopted = sum(lane.log.adopted for lane in pipeline.lanes)  # dead pipelines' leftovers
         assert total == count * len(self.backends) + adopted, (report, count)
         self._bury(run, child)
 
@@ -490,7 +490,7 @@ class World:
         # The OS releases a dead process's locks: its own, and those of what it adopted.
         tokens = {inc.pipeline.token}
         for lane in inc.pipeline.lanes:
-            tokens.update(lane._adopted)
+            tokens.update(lane.log.adopted_tokens())
         for path in list(locks._held):
             if run_dir_name(run) in str(path) and path.name[: -len(".lock")] in tokens:
                 locks.drop(path)
@@ -508,11 +508,11 @@ class World:
         assert took <= timeout + 2 * SPOOL_GRACE_S + 1e-6, f"close({timeout}) took {took}"
         inc.scope.cancel()
         for lane in inc.pipeline.lanes:
-            memory = sum(e.records for e in lane.log if e.segment is None)
-            assert lane.memory == memory
+            memory = sum(e.records for e in lane.log.entries if e.segment is None)
+            assert lane.log.memory == memory
             status = report  # counts are per run, summed over backends
-        assert status.pending == sum(lane.memory for lane in inc.pipeline.lanes)
-        assert status.spooled == sum(lane.disk for lane in inc.pipeline.lanes)
+        assert status.pending == sum(lane.log.memory for lane in inc.pipeline.lanes)
+        assert status.spooled == sum(lane.log.disk for lane in inc.pipeline.lanes)
         if status.pending:
             assert not status.ok and status.errors, status
         await inc.stopped.wait()
@@ -545,7 +545,7 @@ class World:
         """A life closed: its end record must reach every backend that has it delivered or
         on disk (one left in memory, the disk failing, is lost with the life, as a record)."""
         self.models[run].ends[inc.pipeline.token] = {
-            lane.name for lane in inc.pipeline.lanes if lane.ends_memory == 0
+            lane.name for lane in inc.pipeline.lanes if lane.log.ends_memory == 0
         }
 
     def _bury(self, run: str, inc: Incarnation) -> None:
@@ -555,12 +555,12 @@ class World:
         model = self.models[run]
         for lane in inc.pipeline.lanes:
             on_disk: set[int] = set()
-            for entry in lane.log:
+            for entry in lane.log.entries:
                 if entry.token is None and entry.segment is not None:
                     on_disk.update(range(entry.first, entry.seq + 1))
-            if lane.log and lane.log[0].batch is not None:
+            if lane.log.entries and lane.log.entries[0].batch is not None:
                 heads = model.heads_at_crash.setdefault(lane.name, set())
-                heads.add(lane.log[0].batch.key.split(".")[0])
+                heads.add(lane.log.entries[0].batch.key.split(".")[0])
             backend = self.backends[lane.name]
             arrived = {u for u, _ in backend.arrivals.get(run, [])}
             metadata_arrived = backend.metadata_arrivals.get(run, set())
@@ -568,7 +568,7 @@ class World:
             sources_arrived = backend.sources.get(run, set())
             lost = model.lost.setdefault(lane.name, set())
             for seq, written in enumerate(inc.accepted):
-                if seq in on_disk or seq <= lane.acked:
+                if seq in on_disk or seq <= lane.log.acked:
                     continue
                 if written.uid is not None and written.uid in arrived:
                     continue  # stored before the end, though the lane had not finished it
@@ -585,21 +585,22 @@ class World:
         """What must hold after every step."""
         for run, inc in self.runs.items():
             for lane in inc.pipeline.lanes:
-                assert lane.memory >= 0 and lane.disk >= 0, (lane.name, lane.memory, lane.disk)
-                counted = lane.memory + lane.disk + lane.delivered + lane.dropped
+                log = lane.log
+                assert log.memory >= 0 and log.disk >= 0, (lane.name, log.memory, log.disk)
+                counted = log.memory + log.disk + lane.delivered + lane.dropped
                 counted += inc.pipeline.waiting()
-                assert counted == len(inc.accepted) + lane.adopted, (
-                    f"{lane.name}/{run}: memory {lane.memory} + disk {lane.disk} + delivered "
+                assert counted == len(inc.accepted) + log.adopted, (
+                    f"{lane.name}/{run}: memory {log.memory} + disk {log.disk} + delivered "
                     f"{lane.delivered} + dropped {lane.dropped} + ingress {len(inc.ingress)} "
-                    f"!= accepted {len(inc.accepted)} + adopted {lane.adopted}"
+                    f"!= accepted {len(inc.accepted)} + adopted {log.adopted}"
                 )
-                in_memory = sum(e.records for e in lane.log if e.segment is None)
-                on_disk = sum(e.records for e in lane.log if e.segment is not None)
-                assert (lane.memory, lane.disk) == (in_memory, on_disk), lane.name
+                in_memory = sum(e.records for e in lane.log.entries if e.segment is None)
+                on_disk = sum(e.records for e in lane.log.entries if e.segment is not None)
+                assert (lane.log.memory, lane.log.disk) == (in_memory, on_disk), lane.name
             # The report says the same: pending counts the ingress once per backend.
             report = inc.pipeline.report()
             total = report.delivered + report.pending + report.spooled + report.dropped
-            assert total == sum(len(inc.accepted) + lane.adopted for lane in inc.pipeline.lanes)
+            assert total == sum(len(inc.accepted) + lane.log.adopted for lane in inc.pipeline.lanes)
             self.check_order(run)
 
     def check_isolated(self, run: str) -> None:
@@ -607,8 +608,8 @@ class World:
         whatever the other run's faults (the backends are shared)."""
         inc = self.runs[run]
         for lane in inc.pipeline.lanes:
-            assert not lane.log or lane.failure, (
-                f"{lane.name}/{run}: {len(lane.log)} entries left after a healthy flush"
+            assert not lane.log.entries or lane.failure, (
+                f"{lane.name}/{run}: {len(lane.log.entries)} entries left after a healthy flush"
             )
 
     def check_order(self, run: str) -> None:
@@ -688,6 +689,7 @@ class World:
                 assert due <= ended, f"{name}/{run}: end records lost: {sorted(due - ended)}"
             inc = self.runs[run]
             for lane in inc.pipeline.lanes:
-                assert not lane.log, f"{lane.name}/{run}: {len(lane.log)} entries left"
+                left = len(lane.log.entries)
+                assert not left, f"{lane.name}/{run}: {left} entries left"
         leftover = [p for p in self.spool_dir.rglob("*.seg") if "quarantine" not in p.parts]
         assert not leftover, f"segments left in the spool: {leftover[:3]}"
