@@ -37,6 +37,9 @@ class BackendStatus:
     # End records not delivered: in memory (lost at exit), and on disk.
     end_pending: int = 0
     end_spooled: int = 0
+    # Records an earlier process of this run left in the spool, taken over by this lane
+    # (counted in delivered, spooled ... as well): this process did not accept them.
+    replayed: int = 0
 
 
 @dataclass(frozen=True)
@@ -64,8 +67,11 @@ class FlushReport:
     policy held back, and how long they waited in all. ``errors``: the last error of each
     backend that has one. ``refused``: per backend, what was dropped for good and why.
     ``end_pending`` and ``end_spooled``: backends that do not have the run's end status yet
-    (it waits in memory, or in the spool), counted apart from the records. ``ok`` is true
-    when everything accepted so far is delivered, the end status included.
+    (it waits in memory, or in the spool), counted apart from the records. ``replayed``: the
+    records an earlier process of this run left in the spool, which this one took over; they
+    are counted in the others too, so that ``delivered + pending + spooled + dropped`` is what
+    this process accepted plus ``replayed``. ``ok`` is true when everything accepted so far is
+    delivered, the end status included.
     """
 
     delivered: int = 0
@@ -81,6 +87,7 @@ class FlushReport:
     refused: dict[str, tuple[str, ...]] = field(default_factory=dict)
     end_pending: int = 0
     end_spooled: int = 0
+    replayed: int = 0
 
     @property
     def ok(self) -> bool:
@@ -131,6 +138,7 @@ class FlushReport:
             refused={s.name: s.refused for s in b if s.refused},
             end_pending=sum(s.end_pending for s in b),
             end_spooled=sum(s.end_spooled for s in b),
+            replayed=sum(s.replayed for s in b),
         )
 
     def summary(self, run_id: str, stores: Mapping[str, str] | None = None) -> str:
@@ -147,6 +155,8 @@ class FlushReport:
             counts.append(f"{self.pending} left in memory (lost at exit)")
         if self.dropped:
             counts.append(f"{self.dropped} dropped")
+        if self.replayed:
+            counts.append(f"{self.replayed} of them from an earlier process's spool")
         if self.end_spooled:
             counts.append("its end status spooled")
         if self.end_pending:

@@ -208,6 +208,7 @@ class Lane:
             refused=tuple(self.refused),
             end_pending=log.ends_memory,
             end_spooled=log.ends_disk,
+            replayed=log.adopted,
         )
 
     # -- what the log tells --------------------------------------------------------------------

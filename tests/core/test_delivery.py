@@ -229,3 +229,24 @@ def test_two_live_runs_of_one_id_in_a_process_never_take_each_others_spool(
     release.set()
     assert first.close(30).ok
     assert [p.step for p in stuck.inner.points("same", "m")] == list(range(5))  # type: ignore[attr-defined]
+
+
+def test_a_report_tells_the_records_taken_over_from_an_earlier_process(
+    make_run: MakeRun, tmp_path: Path
+) -> None:
+    # A resumed run delivers what its earlier process spooled: counted as delivered, its
+    # report must still add up to what this process accepted, the rest named as replayed.
+    down = FaultyTracker(name="store").always("write_batch", transient("down"))
+    first = make_run("r", [down], spool_dir=str(tmp_path))
+    for i in range(30):
+        first.log_metric("m", float(i), step=i)
+    spooled = first.close(0.2)
+    assert spooled.spooled == 30 and spooled.replayed == 0, spooled
+    up = FaultyTracker(name="store")
+    second = make_run("r", [up], spool_dir=str(tmp_path))
+    for i in range(30, 50):
+        second.log_metric("m", float(i), step=i)
+    report = second.close(30)
+    assert report.ok and report.delivered == 50 and report.replayed == 30, report
+    assert report.delivered - report.replayed == 20  # what the second process accepted
+    assert [p.step for p in up.inner.points("r", "m")] == list(range(50))  # type: ignore[attr-defined]
