@@ -99,7 +99,10 @@ class RunHandle:
                 self._owned = True
             self._run = run
         elif run.closed and self._owned:
-            run = init(self.project, dir=self._dir, id=run.id, **self._init_options)
+            # Our own run again, whatever its first open asked: an id= of the caller's, or
+            # resume="never" (the run exists now: it is the one we made).
+            options = {**self._init_options, "id": run.id, "resume": "allow"}
+            run = init(self.project, dir=self._dir, **options)
             self._run = run
         return run
 
