@@ -53,7 +53,9 @@ def test_s3_batches_are_a_handful_of_objects(s3_config: str) -> None:
     tracker = create(s3_config)
     fs = tracker.async_tracker.fs  # type: ignore[attr-defined]
     root = tracker.async_tracker.root_dir  # type: ignore[attr-defined]
-    with AppRun("s3://job/run", [tracker], batch_size=50_000) as run:
+    # No timed flush: under load the loop takes longer than a flush interval, and a timed
+    # cut would make two segments; here the batch is cut by flush() alone.
+    with AppRun("s3://job/run", [tracker], batch_size=50_000, flush_interval=3600) as run:
         run.add_metadata(a=1)
         for step in range(10_000):
             run.log_metrics({"loss": 1.0, "acc": 0.5}, step=step)
