@@ -10,6 +10,8 @@ from __future__ import annotations
 import json
 import math
 import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -28,6 +30,7 @@ from async_tracker.adapters import as_sync
 from async_tracker.backend.tensorboard import SIDE_DIR, AsyncTensorBoardTracker, run_path
 from async_tracker.cli.main import main as cli_main
 from async_tracker.init_run import open_store
+from tests.cli.conftest import child_env
 
 pytestmark = pytest.mark.server  # needs the tensorboard extra
 
@@ -200,3 +203,39 @@ def test_a_status_spooled_at_close_ends_the_session_when_delivered_later(
         assert found.end_time_secs == json.loads(status_file.read_bytes())["time"] <= ended
     finally:
         again.close(30)
+
+
+SPOOLING_JOB = """
+import sys
+from async_tracker import AppRun
+from tests.faulty import FaultyTracker, Hang
+# The TensorBoard store hangs: everything the job logs, and its ending, wait in the spool.
+backend = FaultyTracker(name="tensorboard").always("write_batch", Hang())
+run = AppRun("sweep/spooled", [backend], spool_dir=sys.argv[1], flush_interval=3600)
+run.add_metadata(lr=0.1, layers=[64, 64], scheduler=None)
+for step in range(20):
+    run.log_metric("loss", float(step), step=step)
+report = run.close(0.2, reason="killed")
+assert report.spooled == 21 and report.end_spooled == 1, report
+"""
+
+
+def test_a_run_synced_from_a_spool_later_keeps_its_start_and_ending(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    root, spool = tmp_path / "tb", tmp_path / "spool"
+    launched = time.time()
+    subprocess.run([sys.executable, "-c", SPOOLING_JOB, str(spool)], check=True,
+                   env=child_env(), timeout=120)  # fmt: skip
+    ran = time.time()  # the job has exited: what it recorded happened before this
+    monkeypatch.setenv("ASYNC_TRACKER_TENSORBOARD_DIR", str(root))
+    assert cli_main(["sync", str(spool), "--to", "tensorboard", "--timeout", "60"]) == 0
+    capsys.readouterr()
+    first = as_sync(AsyncTensorBoardTracker(root)).metrics("sweep/spooled")["loss"][0]
+    found, group = session(HParamsTab(root), "sweep/spooled")
+    # The job's first record (its metadata, then its first point), not the sync.
+    assert launched <= found.start_time_secs <= first.timestamp
+    assert found.status == api_pb2.STATUS_FAILURE  # killed
+    assert first.timestamp <= found.end_time_secs <= ran
+    assert group.hparams["layers"].string_value == "[64, 64]"
+    assert group.hparams["scheduler"].string_value == "null"
