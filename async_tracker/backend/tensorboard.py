@@ -5,10 +5,12 @@ Layout under the root (``tensorboard --logdir <root>`` shows every run)::
     <root>/<run id>/            one directory per run; the "/"-parts of the id nest
         events.out.tfevents.<seconds>.<host>.<pid>.<n>
                                 this process's event file for the run: each metric point a
-                                scalar (float32 for TensorBoard to plot, with the exact float64
-                                beside it; its step; the client's wall time);
+                                ``simple_value`` scalar, as torch's ``SummaryWriter`` writes
+                                them (float32; its step; the client's wall time), after an
+                                event naming its batch that holds the exact float64s;
                                 metadata, artifacts, sources and the end status as text
-                                tables at step 0; simple metadata values as hparams. A
+                                tables at step 0; metadata values as hparams (a session
+                                started at the run's first record, ended with its status). A
                                 metadata change writes the keys changed since the last
                                 full table (``METADATA_CHANGES_TAG``), and the full table
                                 (with the hparams) only once those changes add up to its
@@ -84,7 +86,10 @@ try:
     from google.protobuf.message import DecodeError
     from tensorboard.backend.event_processing.event_file_loader import RawEventFileLoader
     from tensorboard.compat import tf
-    from tensorboard.compat.proto import event_pb2, types_pb2
+    from tensorboard.compat.proto import event_pb2, summary_pb2, types_pb2
+    from tensorboard.plugins.hparams import api_pb2 as hparams_api
+    from tensorboard.plugins.hparams import metadata as hparams_metadata
+    from tensorboard.plugins.hparams import plugin_data_pb2 as hparams_data
     from tensorboard.plugins.hparams import summary_v2 as hparams_summary
     from tensorboard.plugins.scalar import metadata as scalar_metadata
     from tensorboard.plugins.text import summary_v2 as text_summary
@@ -208,18 +213,52 @@ def _text_event(tag: str, rows: list[list[str]] | str, wall_time: float) -> byte
     return bytes(event.SerializeToString())
 
 
-def _hparams_event(metadata: Mapping[str, object], wall_time: float) -> bytes | None:
-    """The simple values (bool, finite number, text) as hparams, or None when none is."""
-    simple = {
-        k: v
-        for k, v in metadata.items()
-        if isinstance(v, (bool, str))
-        or (isinstance(v, (int, float)) and math.isfinite(v) and abs(v) < 2**53)
-    }
-    if not simple:
+def _hparam(value: object) -> bool | float | str:
+    """A metadata value as the HParams plugin can show it: a bool, a number it holds exactly
+    (finite, within float64's integers), else text. The plugin shows no other kind (a
+    ``None`` or a list would be missing from its table), and skips NaN: those are their
+    JSON text (``null``, ``[64, 64]``, ``NaN``), as the Text tab's tables show them."""
+    if isinstance(value, (bool, str)):
+        return value
+    if isinstance(value, (int, float)) and math.isfinite(value) and abs(value) < 2**53:
+        return value
+    return json.dumps(value, ensure_ascii=False)
+
+
+def _hparams_event(metadata: Mapping[str, object], start: float, wall_time: float) -> bytes | None:
+    """Every metadata value as an hparam of a session that started at ``start`` (seconds
+    since the epoch), or None when the run has no metadata."""
+    if not metadata:
         return None
+    hparams = {k: _hparam(v) for k, v in metadata.items()}
     event = event_pb2.Event(wall_time=wall_time, step=0)
-    event.summary.CopyFrom(hparams_summary.hparams_pb(simple, start_time_secs=wall_time))
+    event.summary.CopyFrom(hparams_summary.hparams_pb(hparams, start_time_secs=start))
+    return bytes(event.SerializeToString())
+
+
+# How each ending shows in the HParams plugin's Status column. The plugin knows success,
+# failure, running and unknown, no "aborted": a killed run did not finish, so it shows as a
+# failure (the Text tab's status table says "killed").
+_SESSION_STATUS: dict[str, int] = {
+    "finished": hparams_api.STATUS_SUCCESS,
+    "failed": hparams_api.STATUS_FAILURE,
+    "killed": hparams_api.STATUS_FAILURE,
+}
+
+
+def _session_end_event(reason: str, end_time: float, wall_time: float) -> bytes:
+    """The HParams plugin's session end: the run's status and when it ended."""
+    info = hparams_data.SessionEndInfo(
+        status=_SESSION_STATUS.get(reason, hparams_api.STATUS_UNKNOWN), end_time_secs=end_time
+    )
+    plugin_data = hparams_data.HParamsPluginData(session_end_info=info)
+    summary = summary_pb2.Summary()
+    summary.value.add(
+        tag=hparams_metadata.SESSION_END_INFO_TAG,
+        metadata=hparams_metadata.create_summary_metadata(plugin_data),
+        tensor=hparams_metadata.NULL_TENSOR,
+    )
+    event = event_pb2.Event(wall_time=wall_time, step=0, summary=summary)
     return bytes(event.SerializeToString())
 
 
@@ -243,8 +282,11 @@ class _Run:
     pid: int = field(default_factory=os.getpid)
     lock: threading.Lock = field(default_factory=threading.Lock)
     events: str | None = None  # this process's event file, None until the first append
-    tags: set[str] = field(default_factory=set)  # tags whose metadata the file holds
     marked: bool = False  # run.json written
+    # The earliest time among the records this process wrote to the run (their own times,
+    # not the time of writing): the HParams session's start. A run exported or replayed
+    # later keeps the time it ran.
+    start: float | None = None
     metadata: _Table = field(default_factory=lambda: _Table())
     artifacts: dict[str, TrackerArtifact] = field(default_factory=dict)
     sources: list[TrackerSource] = field(default_factory=list)
@@ -267,8 +309,11 @@ class _Table:
     full_bytes: int = 0
     changes_bytes: int = 0
 
-    def events(self, update: Mapping[str, object], now: float) -> tuple[list[bytes], _Table]:
-        """The events that show ``update``, and the tables once they are written."""
+    def events(
+        self, update: Mapping[str, object], start: float, now: float
+    ) -> tuple[list[bytes], _Table]:
+        """The events that show ``update`` (the hparams' session started at ``start``), and
+        the tables once they are written."""
         merged = {**self.merged, **update}
         changes = {**self.changes, **update}
         table = _text_event(METADATA_CHANGES_TAG, _rows(changes), now)
@@ -277,7 +322,7 @@ class _Table:
             return [table], _Table(merged, changes, self.full_bytes, written)
         records = [_text_event(METADATA_TAG, _rows(merged), now)]
         # hparams hold every simple value, so they go with the full table.
-        hparams = _hparams_event(merged, now)
+        hparams = _hparams_event(merged, start, now)
         if hparams is not None:
             records.append(hparams)
         if self.changes:
@@ -388,11 +433,18 @@ class AsyncTensorBoardTracker(AsyncTrackerBase):
         return map_error(exc)
 
     async def end_run(self, run_id: str, reason: CloseReason) -> None:
-        """Records how the run ended (a side file and a text summary), if this process
-        wrote to it, and forgets its event file."""
+        """Records how the run ended, now, if this process wrote to it (see
+        :meth:`_end`)."""
+        await self._end(run_id, reason, time.time())
+
+    async def _end(self, run_id: str, reason: CloseReason, end_time: float) -> None:
+        """Records how the run ended and when: a side file, a text summary, and the HParams
+        plugin's session end (``finished`` shows as success, ``failed`` and ``killed``
+        as failure); then forgets the run's event file. Only if this process
+        wrote to the run: a process that did not has no file of its own to end."""
         state = self._runs.pop(run_id, None)
         if state is not None and state.pid == os.getpid():
-            await self._blocking(self._write_status, run_id, state, reason)
+            await self._blocking(self._write_status, state, reason, end_time)
 
     async def aclose(self, reason: CloseReason = "finished") -> None:
         """Ends every run this process wrote to and has not ended (see :meth:`end_run`).
@@ -414,9 +466,10 @@ class AsyncTensorBoardTracker(AsyncTrackerBase):
             await self._blocking(self._write_batch, run_id, batch)
             if batch.end is not None and END_PART not in batch.done:
                 # This process delivers the run's end: it ends the run (a sync process may
-                # not have written to it before).
+                # not have written to it before), at the time the run ended (a spool
+                # replayed later keeps it).
                 self._state(run_id)
-                await self.end_run(run_id, batch.end)
+                await self._end(run_id, batch.end, batch.end_time or time.time())
                 batch.done.add(END_PART)
         except Exception as exc:
             raise map_error(exc, f"write of run {run_id!r}") from exc
@@ -460,7 +513,7 @@ class AsyncTensorBoardTracker(AsyncTrackerBase):
             if events is not None:
                 if events.data:
                     self._append(state, events.data)
-                    state.tags = events.tags
+                state.start = events.start
                 state.metadata, state.artifacts, state.sources = events.views
                 batch.done.update(("events", "metrics"))
 
@@ -524,12 +577,13 @@ class AsyncTensorBoardTracker(AsyncTrackerBase):
         finally:
             os.close(fd)
 
-    def _write_status(self, run_id: str, state: _Run, reason: str) -> None:
+    def _write_status(self, state: _Run, reason: str, end_time: float) -> None:
         with state.lock:
             now = time.time()
-            data = _json({"status": reason, "time": now})
+            data = _json({"status": reason, "time": end_time})
             _put(os.path.join(state.logdir, SIDE_DIR, f"{_new_name()}-status.json"), data)
-            self._append(state, _framed([_text_event(STATUS_TAG, [[_cell(reason)]], now)]))
+            status = _text_event(STATUS_TAG, [[_cell(reason)]], now)
+            self._append(state, _framed([status, _session_end_event(reason, end_time, now)]))
 
     # -- reads ----------------------------------------------------------------------------------
     async def metadata(self, run_id: str) -> Mapping[str, object]:
@@ -636,8 +690,19 @@ class _Events:
     """A batch's event records, framed, and the state of the run once they are appended."""
 
     data: bytes
-    tags: set[str]
+    start: float | None
     views: tuple[_Table, dict[str, TrackerArtifact], list[TrackerSource]]
+
+
+def _first_time(state: _Run, batch: Batch) -> float | None:
+    """The earliest of the run's start so far and the times the batch's records carry: its
+    points' client times and its metadata calls' stamps (seconds since the epoch; a time
+    of 0 or less is no time)."""
+    times = [p.timestamp for p in batch.metrics if p.timestamp > 0]
+    times += [ns / 1e9 for ns in batch.metadata_ns.values() if ns > 0]
+    if state.start is not None:
+        times.append(state.start)
+    return min(times) if times else None
 
 
 def _encode_events(state: _Run, batch: Batch) -> _Events:
@@ -645,12 +710,11 @@ def _encode_events(state: _Run, batch: Batch) -> _Events:
     (when the batch changes them), hparams, and a scalar per metric point not yet stored."""
     now = time.time()
     records: list[bytes] = []
-    # The tags whose metadata the file holds: none in a file still to be made.
-    tags = set(state.tags) if state.events is not None else set()
     metadata, artifacts, sources = state.metadata, state.artifacts, state.sources
+    start = _first_time(state, batch)
     try:
         if batch.metadata:
-            shown, metadata = metadata.events(batch.metadata, now)
+            shown, metadata = metadata.events(batch.metadata, now if start is None else start, now)
             records += shown
         if batch.artifacts:
             artifacts = {**artifacts, **batch.artifacts}
@@ -667,56 +731,73 @@ def _encode_events(state: _Run, batch: Batch) -> _Events:
         # names the same batch; a batch without one (a direct call) gets a name of its own,
         # kept in batch.names for a retry of the same call.
         ident = batch.key or batch.names.setdefault("records", _new_name())
-        records.append(_batch_event(ident, len(batch.metrics), now))
-        records += _scalar_events(batch.metrics, tags)
-    return _Events(_framed(records), tags, (metadata, artifacts, sources))
+        records.append(_batch_event(ident, batch.metrics, now))
+        records += _scalar_events(batch.metrics)
+    return _Events(_framed(records), start, (metadata, artifacts, sources))
 
 
-def _batch_event(ident: str, points: int, wall_time: float) -> bytes:
-    """The event that names the batch whose ``points`` scalars follow it in the file (at
-    step 0, as the run's text tables: a step of a point may be beyond what events hold)."""
+def _batch_event(ident: str, metrics: Sequence[TrackerMetric], wall_time: float) -> bytes:
+    """The event that names the batch whose scalars follow it in the file (at step 0, as
+    the run's text tables: a step of a point may be beyond what events hold): its identity
+    and number of points as JSON, then the points' exact values, packed as little-endian
+    float64s (``metrics()`` reads them; the scalars TensorBoard plots are float32)."""
     event = event_pb2.Event(wall_time=wall_time, step=0)
     value = event.summary.value.add(tag=BATCH_TAG)
     value.metadata.plugin_data.plugin_name = BATCH_PLUGIN
     value.tensor.dtype = types_pb2.DT_STRING
-    value.tensor.string_val.append(_json({"batch": ident, "points": points}))
+    value.tensor.string_val.append(_json({"batch": ident, "points": len(metrics)}))
+    value.tensor.string_val.append(np.array([p.value for p in metrics], "<f8").tobytes())
     return bytes(event.SerializeToString())
 
 
-def _batch_of(value: Any) -> tuple[str, int] | None:
-    """``(identity, points)`` of a batch event's value, None for any other value."""
+@dataclass(frozen=True)
+class _BatchInfo:
+    """What a batch event says: the batch's identity, its number of points, and their exact
+    values (None in a file written before the values travelled in the batch event)."""
+
+    ident: str
+    points: int
+    exact: Sequence[float] | None
+
+
+def _batch_of(value: Any) -> _BatchInfo | None:
+    """What the batch event of ``value`` says, None for any other value."""
     if value.tag != BATCH_TAG or value.metadata.plugin_data.plugin_name != BATCH_PLUGIN:
         return None
+    strings = value.tensor.string_val
     try:
-        content = json.loads(value.tensor.string_val[0])
+        content = json.loads(strings[0])
         ident, points = content["batch"], content["points"]
     except (IndexError, ValueError, TypeError, KeyError, RecursionError):
         return None
     if not isinstance(ident, str) or type(points) is not int:
         return None
-    return ident, points
+    exact = None
+    if len(strings) > 1 and len(strings[1]) == 8 * points:
+        exact = np.frombuffer(strings[1], "<f8").tolist()
+    return _BatchInfo(ident, points, exact)
 
 
-def _scalar_events(metrics: Sequence[TrackerMetric], tags: set[str]) -> list[bytes]:
-    """One event per point: its step, the client's time, and the value twice in one tensor.
+def _as_float32(value: float) -> float:
+    """``value`` as a float32 field holds it (beyond float32's range: an infinity)."""
+    with np.errstate(over="ignore"):
+        return float(np.float32(value))
 
-    TensorBoard's data server shows only float32 scalar tensors, so the tensor is a
-    ``DT_FLOAT`` (what TensorBoard plots); its ``double_val``, which readers of a float
-    tensor ignore, holds the exact value that ``metrics()`` reads (NaN, infinities, -0.0
-    and values beyond float32 included). The scalar plugin's metadata goes with the first
-    point of each tag in a file, as TensorBoard's writers do."""
-    meta = scalar_metadata.create_summary_metadata(display_name=None, description=None)
+
+def _same(a: float, b: float) -> bool:
+    return a == b or (math.isnan(a) and math.isnan(b))
+
+
+def _scalar_events(metrics: Sequence[TrackerMetric]) -> list[bytes]:
+    """One event per point, as torch's and tensorboardX's ``SummaryWriter`` write them: a
+    ``simple_value`` (float32), its step and the client's time. Both of TensorBoard's
+    readers show these: the classic ``EventAccumulator.Scalars`` and the plugin reader
+    behind the Scalars tab. The exact float64 is in the batch event before them."""
     records = []
     for point in metrics:
         try:
             event = event_pb2.Event(wall_time=point.timestamp, step=point.step)
-            value = event.summary.value.add(tag=point.name)
-            value.tensor.dtype = types_pb2.DT_FLOAT
-            value.tensor.float_val.append(point.value)
-            value.tensor.double_val.append(point.value)
-            if point.name not in tags:
-                value.metadata.CopyFrom(meta)
-                tags.add(point.name)
+            event.summary.value.add(tag=point.name, simple_value=point.value)
             records.append(event.SerializeToString())
         except (ValueError, TypeError) as exc:  # a step beyond 64 bits, a lone surrogate
             raise RecordError(
@@ -731,13 +812,14 @@ def _read_event_file(
     scalar_tags: dict[str, bool],
     seen: set[tuple[str, int]],
 ) -> None:
-    """Adds the scalars of one event file: ours (the exact ``double_val``), and those of
-    other writers (``simple_value``, one-element tensors) found in the same folder.
+    """Adds the scalars of one event file: ours (a ``simple_value``, made exact by the
+    float64 its batch event holds; in older files, the ``double_val`` of a float tensor),
+    and those of other writers (``simple_value``, one-element tensors) in the same folder.
 
     A point that follows a batch event is the batch's n-th: ``(batch, n)`` in ``seen`` means
     a replay of the batch stored it already (in this file or an earlier one), and it is
     skipped. Every other point is kept, however alike another."""
-    batch: str | None = None
+    batch: _BatchInfo | None = None
     index = left = 0
     for raw in RawEventFileLoader(path).Load():
         event = event_pb2.Event.FromString(raw)
@@ -747,7 +829,7 @@ def _read_event_file(
             tag = value.tag
             found = _batch_of(value)
             if found is not None:
-                (batch, left), index = found, 0
+                batch, left, index = found, found.points, 0
                 continue
             if value.HasField("metadata") and tag not in scalar_tags:
                 scalar_tags[tag] = value.metadata.plugin_data.plugin_name == _SCALAR_PLUGIN
@@ -767,7 +849,14 @@ def _read_event_file(
                 continue
             if left > 0:
                 assert batch is not None
-                ident = (batch, index)
+                if batch.exact is not None and kind == "simple_value":
+                    # The exact float64 the batch event holds for this point; the float32
+                    # beside it must be its rounding (else the point is not the one the
+                    # batch event counted, and its float32 is all there is).
+                    exact = batch.exact[index]
+                    if _same(_as_float32(exact), number):
+                        number = exact
+                ident = (batch.ident, index)
                 index, left = index + 1, left - 1
                 if ident in seen:
                     continue

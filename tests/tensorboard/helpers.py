@@ -29,5 +29,7 @@ def text(acc: EventAccumulator, tag: str) -> list[list[str]]:
 
 
 def f32(value: float) -> float:
-    """``value`` as TensorBoard shows it: its scalars are float32."""
-    return float(np.float32(value))
+    """``value`` as TensorBoard shows it: its scalars are float32 (beyond its range, an
+    infinity)."""
+    with np.errstate(over="ignore"):
+        return float(np.float32(value))
