@@ -18,6 +18,7 @@ from transformers import (  # noqa: E402
     BertConfig,
     BertForSequenceClassification,
     Trainer,
+    TrainerCallback,
     TrainerControl,
     TrainerState,
     TrainingArguments,
@@ -64,7 +65,9 @@ def tiny_model() -> Any:
     return BertForSequenceClassification(config)
 
 
-def make_trainer(tmp_path: Path, callback: AsyncTrackerCallback, **args: Any) -> Any:
+def make_trainer(tmp_path: Path, *callbacks: TrainerCallback, **args: Any) -> Any:
+    """A Trainer of the tiny model, with ``callbacks`` in this order after transformers' own
+    (output in ``tmp_path/out``)."""
     options: dict[str, Any] = {
         "output_dir": str(tmp_path / "out"),
         "max_steps": STEPS,
@@ -82,7 +85,7 @@ def make_trainer(tmp_path: Path, callback: AsyncTrackerCallback, **args: Any) ->
         args=TrainingArguments(**options),
         train_dataset=Sentences(),
         eval_dataset=Sentences(8),
-        callbacks=[callback],
+        callbacks=list(callbacks),
     )
 
 
