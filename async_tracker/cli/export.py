@@ -58,12 +58,14 @@ def cmd_export_tensorboard(args: argparse.Namespace) -> int:
     loop = runtime().loop
     exported = []
     for run_id, batch, ended in runs:
-        loop.call(writer.write_batch, run_id, batch)
-        status = ended[0] if ended else "running"
+        status, end_time = ended if ended else ("running", None)
         # A run still going gets no ending it did not have; nor does a crashed one (it never
-        # ended: TensorBoard's reader knows only the endings a run records).
+        # ended: TensorBoard's reader knows only the endings a run records). An ending goes
+        # as the batch's end record, with the time the run ended, not the export's.
         if status in ("finished", "failed", "killed"):
-            loop.call(writer.end_run, run_id, status)
+            batch.end = status  # type: ignore[assignment]  # one of CloseReason's values
+            batch.end_time = end_time or 0.0
+        loop.call(writer.write_batch, run_id, batch)
         exported.append(
             {"run_id": run_id, "logdir": writer.logdir(run_id), "points": batch.points()}
         )
