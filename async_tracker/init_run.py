@@ -157,9 +157,15 @@ def init(
     else:
         check_name(id, "id")
         check_run_id(id)
-    id, last_steps = _start(store, url, project, id, new_id, resume, bound, spool_dir)
+    started = time.time()
+    id, last_steps, resumed = _start(store, url, project, id, new_id, resume, bound, spool_dir)
     extra = [build_tracker(b, b, None) if isinstance(b, str) else b for b in backends]
-    run = AppRun(id, [store, *extra], _last_steps=last_steps, **options)
+    # A resumed run begins a new life: its ending, sealed with this start, takes over the
+    # endings of earlier lives (a job killed, then requeued, that finishes is finished).
+    run = AppRun(
+        id, [store, *extra], _last_steps=last_steps, _life_start=started if resumed else 0.0,
+        **options,
+    )
     metadata: dict[str, object] = {"project": project}
     if config is not None:
         metadata.update(_as_mapping(config))
@@ -197,9 +203,10 @@ def _start(
     resume: Resume,
     bound: float,
     spool_dir: Path,
-) -> tuple[str, dict[str, int]]:
-    """The run id to open and the last step of each of its metrics, after asking the store
-    for at most ``bound`` seconds; raises what ``resume`` refuses."""
+) -> tuple[str, dict[str, int], bool]:
+    """The run id to open, the last step of each of its metrics, and whether the run existed
+    (in the store or this machine's spool), after asking the store for at most ``bound``
+    seconds; raises what ``resume`` refuses."""
     spooled = new_id is None and has_spool(spool_dir, run_id)
     claim = {
         "run_id": run_id, "project": project, "host": socket.gethostname(),
@@ -229,7 +236,8 @@ def _start(
             raise bad from None
         why = str(exc).splitlines()[0][:300]
     if answer is None:
-        return _unanswered(url, run_id, new_id, resume, why, spool_dir)
+        run_id, steps = _unanswered(url, run_id, new_id, resume, why, spool_dir)
+        return run_id, steps, spooled
     if answer.exists and resume == "never" and new_id is None:
         raise TrackerConfigError(
             f"run {run_id!r} already exists in the store {url!r} or another process is "
@@ -243,7 +251,7 @@ def _start(
     steps = answer.steps
     if new_id is None:
         steps = _later(steps, spooled_last_steps(spool_dir, run_id))
-    return answer.run_id, steps
+    return answer.run_id, steps, answer.exists or spooled
 
 
 async def _ask(

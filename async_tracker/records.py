@@ -99,6 +99,10 @@ class Batch:
     rest) but not one of ``records``, which counts what the user logged. Backends store it
     last, after the batch's other parts (see :meth:`AsyncTrackerBase.write_batch`).
 
+    ``life_start`` goes with ``end``: when the process that sealed it began the run (its
+    first write). A run resumed after it ended (a requeued job) has a later life, whose ending
+    readers take over the earlier ones (see the fsspec store's ``run_status``).
+
     ``done_for`` names the store the ``done`` marks were made in (the backend's
     ``store_id``): replayed into another store, the batch is written whole again.
     """
@@ -119,6 +123,7 @@ class Batch:
     metadata_ns: dict[str, int] = field(default_factory=dict)
     end: CloseReason | None = None
     end_time: float = 0.0
+    life_start: float = 0.0
     done_for: str | None = None
 
     def for_lane(self) -> Batch:
@@ -135,6 +140,7 @@ class Batch:
             metadata_ns=self.metadata_ns,
             end=self.end,
             end_time=self.end_time,
+            life_start=self.life_start,
         )
 
     def is_empty(self) -> bool:

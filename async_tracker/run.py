@@ -238,6 +238,7 @@ class AppRun:
         _owns_backends: bool = False,
         _read_only: bool = False,
         _last_steps: Mapping[str, int] | None = None,
+        _life_start: float = 0.0,
         _replay: bool = False,
     ) -> None:
         check_name(id, "run id")
@@ -275,6 +276,7 @@ class AppRun:
         self._ends_run = not (_replay or _read_only)
         # A resumed run's last step of each metric: step-less points continue after it.
         self._last_steps = dict(_last_steps or {})
+        self._life_start = _life_start
         # The backends that check records at the call site (see AsyncTrackerBase.validate).
         self._validators = [
             b.validate
@@ -554,6 +556,7 @@ class AppRun:
                     owns_backends=self._owns_backends,
                     set_hot=self._set_hot,
                     last_steps=self._last_steps,
+                    life_start=self._life_start,
                     io=process.spool_io,
                     ends_run=self._ends_run,
                 )

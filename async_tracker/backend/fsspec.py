@@ -612,12 +612,15 @@ class AsyncFsspecTracker(AsyncTrackerBase):
         return not RUN_PARTS.isdisjoint(name for name, _ in entries)
 
     async def _write_status(
-        self, run_id: str, reason: CloseReason, when: float, writer: str
+        self, run_id: str, reason: CloseReason, when: float, writer: str, started: float = 0.0
     ) -> None:
         # One file per writer, so ranks ending one run never overwrite each other.
         path = self._path(run_id, STATUS_DIR, f"{writer}.json")
+        content: dict[str, object] = {"status": reason, "time": when}
+        if started:
+            content["started"] = started
         with _mapped(f"write of run {run_id!r}"):
-            await self._put_json(run_id, path, {"status": reason, "time": when})
+            await self._put_json(run_id, path, content)
 
     async def heartbeat(self, run_id: str, interval_s: float) -> None:
         """Writes ``heartbeat/<writer token>.json``: the time now and the interval, which
@@ -630,7 +633,9 @@ class AsyncFsspecTracker(AsyncTrackerBase):
         self, run_id: str, now: float | None = None
     ) -> tuple[str, float | None]:
         """How the run ended and when: ``failed`` if any writer failed, else ``killed`` if
-        any was killed, else ``finished`` (the time of the latest such ending). A run no
+        any was killed, else ``finished`` (the time of the latest such ending). Only the
+        endings of the run's last life count: one that came before another writer began the
+        run (its ``started``: a job resumed after it was killed or failed) is overtaken. A run no
         writer ended is ``running`` (time None), or ``crashed`` (time: its last heartbeat)
         when it has heartbeats and every one is older than ``CRASHED_AFTER_BEATS`` of its
         intervals at ``now`` (default: the wall clock). A run without heartbeats (torchx's,
@@ -647,8 +652,15 @@ class AsyncFsspecTracker(AsyncTrackerBase):
                 return "crashed", max(t for _, (t, _) in beats)
             return "running", None
         skipped.warn()
-        worst = max(_STATUS_RANK[s] for _, (s, _) in parsed)
-        times = [t for _, (s, t) in parsed if _STATUS_RANK[s] == worst]
+        endings = [ending for _, ending in parsed]
+        latest_start = max(started for _, _, started in endings)
+        # Ranks of one life end after every rank began; an ending before the latest start is
+        # an earlier life's. At least the latest ending is always kept.
+        last_life = [(s, t) for s, t, _ in endings if t >= latest_start] or [
+            max(((s, t) for s, t, _ in endings), key=lambda e: e[1])
+        ]
+        worst = max(_STATUS_RANK[s] for s, _ in last_life)
+        times = [t for s, t in last_life if _STATUS_RANK[s] == worst]
         return next(s for s, r in _STATUS_RANK.items() if r == worst), max(times)
 
     # -- writes ---------------------------------------------------------------------------------
@@ -681,7 +693,7 @@ class AsyncFsspecTracker(AsyncTrackerBase):
             found = _KEY_TOKEN.match(batch.key)
             writer = found.group(1) if found else _names.token
             when = batch.end_time or time.time()
-            await self._write_status(run_id, batch.end, when, writer)
+            await self._write_status(run_id, batch.end, when, writer, batch.life_start)
             batch.done.add(END_PART)
 
     async def _write_metadata(
@@ -1052,12 +1064,12 @@ def _parse_metadata(_: str, data: bytes) -> dict[str, object]:
     return values
 
 
-def _parse_status(_: str, data: bytes) -> tuple[str, float]:
+def _parse_status(_: str, data: bytes) -> tuple[str, float, float]:
     content = json.loads(data)
     status, when = content["status"], float(content["time"])
     if status not in _STATUS_RANK:
         raise ValueError(f"unknown status {status!r}")
-    return status, when
+    return status, when, float(content.get("started", 0.0))
 
 
 def _parse_heartbeat(_: str, data: bytes) -> tuple[float, float]:

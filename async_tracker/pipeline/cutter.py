@@ -101,13 +101,15 @@ class Cutter:
             self.last_step[name] = steps[n - 1 - at]
         return batch
 
-    def cut_end(self, reason: CloseReason, when: float) -> Batch:
+    def cut_end(self, reason: CloseReason, when: float, life_start: float) -> Batch:
         """The run's end record, as the last batch: numbered after every record (a replay
         then sends it after them, and its ack covers it), but no record of the user's:
         ``records`` stays 0, so that counts add up to what was logged."""
         seq = self.next_seq
         self.next_seq = seq + 1
-        return Batch(seq, first=seq, key=self._key(seq), end=reason, end_time=when)
+        return Batch(
+            seq, first=seq, key=self._key(seq), end=reason, end_time=when, life_start=life_start
+        )
 
     def _mixed(self, records: Sequence[Record], batch: Batch) -> None:
         metadata = batch.metadata
@@ -188,6 +190,7 @@ def split(batch: Batch) -> list[Batch]:
         part.metrics = batch.metrics[max(0, lo - m0) : max(0, hi - m0)]
         parts.append(part)
     parts[1].end, parts[1].end_time = batch.end, batch.end_time
+    parts[1].life_start = batch.life_start
     parts[0].records = batch.records * min(cut, data) // data if data else 0
     parts[1].records = batch.records - parts[0].records
     return parts

@@ -69,12 +69,16 @@ class RunPipeline:
         token: str | None = None,
         rng: random.Random | None = None,
         last_steps: Mapping[str, int] | None = None,
+        life_start: float = 0.0,
         ends_run: bool = True,
     ) -> None:
         self.run_id = run_id
         # Whether close seals the run's end record: not for a replay of a spool (sync), which
         # delivers the ends the jobs recorded and is no end of the run itself.
         self.ends_run = ends_run
+        # When this process resumed the run (0: the run's first life): sealed with the end
+        # record, so that readers tell a resumed run's later life from the ranks of one.
+        self.life_start = life_start
         self.ingress = ingress
         self.options = options
         self.owns_backends = owns_backends
@@ -411,7 +415,7 @@ class RunPipeline:
         self.cut(everything=True)  # what the deadline left packed: to the lanes, then disk
         if self.ends_run:
             # After the last cut: its number follows every record the run accepted.
-            sealed = self.cutter.cut_end(reason, time.time())
+            sealed = self.cutter.cut_end(reason, time.time(), self.life_start)
             for lane in self.lanes:
                 lane.put(sealed)
         for lane in self.lanes:

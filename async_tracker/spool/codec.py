@@ -110,7 +110,7 @@ def encode_batch(batch: Batch) -> bytes:
     # Written only when set: lines without them read as before (and older readers ignore
     # keys they do not know).
     if batch.end is not None:
-        body["end"] = [batch.end, batch.end_time]
+        body["end"] = [batch.end, batch.end_time, batch.life_start]
     if batch.done_for is not None:
         body["done_for"] = batch.done_for
     data = json.dumps(body, separators=(",", ":")).encode("utf-8")
@@ -123,7 +123,8 @@ def decode_batch(line: bytes) -> Batch:
     if not sep or len(crc) != 8 or int(crc, 16) != zlib.crc32(data):
         raise ValueError("checksum mismatch")
     body = json.loads(data)
-    end, end_time = body.get("end") or (None, 0.0)
+    # [reason, time] in lines written before the life's start was: 0, no later life.
+    end, end_time, life_start = [*(body.get("end") or (None, 0.0)), 0.0][:3]
     if end is not None and end not in END_REASONS:
         raise ValueError(f"unknown end reason {end!r}")
     done_for = body.get("done_for")
@@ -141,6 +142,7 @@ def decode_batch(line: bytes) -> Batch:
         names=dict(body["names"]),
         end=end,
         end_time=float(end_time),
+        life_start=float(life_start),
         done_for=None if done_for is None else str(done_for),
     )
 

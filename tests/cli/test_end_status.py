@@ -214,3 +214,24 @@ def test_sync_into_the_same_store_writes_a_part_once(tmp_path: Path) -> None:
 @pytest.fixture(autouse=True)
 def _no_env_store(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("ASYNC_TRACKER_DIR", raising=False)
+
+
+def test_a_resumed_run_ends_as_its_last_life_did(tmp_path: Path) -> None:
+    # A job killed (preempted), then requeued under its id, that finishes: finished, as W&B
+    # and MLflow show it; ranks of one life still combine, the worst ending winning.
+    import async_tracker
+
+    root = str(tmp_path / "runs")
+    first = async_tracker.init("job", dir=root, id=RUN_ID, spool_dir=str(tmp_path / "s"))
+    first.log_metric("loss", 2.0)
+    assert first.close(reason="killed").ok  # the first life: killed (SIGTERM's ending)
+    assert status(tmp_path / "runs")[0] == "killed"
+    with async_tracker.init("job", dir=root, id=RUN_ID, spool_dir=str(tmp_path / "s")) as run:
+        run.log_metric("loss", 1.0)
+    assert status(tmp_path / "runs")[0] == "finished"
+    # The same life's other rank failing (a run object of its own, no resume) still fails it.
+    rank1 = AppRun(RUN_ID, [open_store(root)], spool_dir=str(tmp_path / "s2"))
+    with pytest.raises(RuntimeError), rank1:
+        rank1.log_metric("loss", 3.0)
+        raise RuntimeError("rank 1 failed")
+    assert status(tmp_path / "runs")[0] == "failed"

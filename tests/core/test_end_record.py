@@ -5,6 +5,7 @@ heartbeat of a live run, off the delivery path."""
 
 from __future__ import annotations
 
+import zlib
 from collections.abc import Callable
 from pathlib import Path
 
@@ -105,10 +106,15 @@ def test_a_backend_that_cannot_take_the_end_keeps_it_spooled_then_gets_it(
 def test_the_end_record_survives_the_spool_codec_and_splits() -> None:
     cutter = Cutter("1234567890123456789xabc")
     cutter.cut([("m", 1.0, 0, 1.0)])
-    end = cutter.cut_end("killed", 1700000000.5)
+    end = cutter.cut_end("killed", 1700000000.5, 1699999000.25)
     assert (end.first, end.seq, end.records) == (1, 1, 0) and not end.is_empty()
     back = decode_batch(encode_batch(end))
     assert (back.end, back.end_time, back.seq, back.records) == ("killed", 1700000000.5, 1, 0)
+    assert back.life_start == 1699999000.25 and end.for_lane().life_start == 1699999000.25
+    # A line written before the life's start was sealed with the end reads as a first life.
+    old = encode_batch(end).replace(b',1699999000.25]', b']')
+    old = b"%08x %s" % (zlib.crc32(old[9:].rstrip(b"\n")), old[9:])
+    assert decode_batch(old).life_start == 0.0 and decode_batch(old).end == "killed"
     assert end.for_lane().end == "killed"
     # A batch holding records and the end: a split never drops the end with a refused
     # record, and records add up.
