@@ -112,7 +112,7 @@ def test_a_trainer_logs_metrics_hyperparams_and_checkpoints(
     assert best == Path(checkpoints.best_model_path).resolve() and best.is_file()
     assert f"step={STEPS}" in best.name
     # Lightning wrote them under <root>/<name>/<version>/: the project, then the run's name.
-    assert best.parent.parent == tmp_path / "lightning" / "tiny" / logger.version
+    assert best.parent.parent == Path(logger.save_dir) / "tiny" / logger.version
     assert run_id.endswith("/" + str(logger.version))
 
     listing = store.cli("list", "metrics", run_id)
