@@ -1,0 +1,1 @@
+"""Reading stores: run summaries, the filter language, and the read API."""

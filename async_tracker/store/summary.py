@@ -1,0 +1,212 @@
+"""A run's summary: what a list of runs shows and filters on, without reading the run.
+
+Each process that writes a run keeps its own summary of what it wrote (a
+:class:`WriterSummary`) and stores it at flush boundaries, never per point; readers merge the
+writers' summaries into one :class:`RunSummary` (:func:`merge`). The types hold plain data
+(JSON round trips through :meth:`WriterSummary.to_json` and :meth:`WriterSummary.from_json`),
+so that every backend and reader shares them.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+# The statuses a run can have, as readers show them (see the fsspec store's run_status).
+STATUSES = ("running", "finished", "failed", "killed", "crashed")
+
+
+@dataclass(frozen=True)
+class MetricSummary:
+    """One metric of a run: its last value (at the highest step, the latest logged among
+    equals), the smallest and largest values (NaN ignored; None when every value was NaN),
+    how many points, and the last step."""
+
+    last: float
+    min: float | None
+    max: float | None
+    count: int
+    last_step: int
+
+    def to_json(self) -> list[object]:
+        return [_number(self.last), _number(self.min), _number(self.max), self.count,
+                self.last_step]  # fmt: skip
+
+    @classmethod
+    def from_json(cls, data: Any) -> MetricSummary:
+        last, lo, hi, count, step = data
+        return cls(_float(last), _opt_float(lo), _opt_float(hi), int(count), int(step))
+
+    def add(self, value: float, step: int) -> MetricSummary:
+        """This summary with one more point."""
+        last = value if step >= self.last_step else self.last
+        lo, hi = self.min, self.max
+        if not math.isnan(value):
+            lo = value if lo is None else min(lo, value)
+            hi = value if hi is None else max(hi, value)
+        return MetricSummary(last, lo, hi, self.count + 1, max(step, self.last_step))
+
+    @classmethod
+    def first(cls, value: float, step: int) -> MetricSummary:
+        finite = None if math.isnan(value) else value
+        return cls(value, finite, finite, 1, step)
+
+    def merge(self, other: MetricSummary) -> MetricSummary:
+        """Two writers' summaries of one metric: the last value is the one at the highest
+        step (``other``'s among equals: the caller passes the later writer second)."""
+        last = other.last if other.last_step >= self.last_step else self.last
+        return MetricSummary(
+            last,
+            _opt(min, self.min, other.min),
+            _opt(max, self.max, other.max),
+            self.count + other.count,
+            max(self.last_step, other.last_step),
+        )
+
+
+@dataclass(frozen=True)
+class WriterSummary:
+    """What one process wrote to a run: stored by that process, merged by readers.
+
+    ``params`` holds the metadata keys it wrote with the hybrid-clock stamp of each
+    (``{key: [stamp_ns, value]}``), so that merging keeps each key's latest write across
+    processes. Times are seconds since the epoch; ``end``/``status`` are None while the
+    writer has not ended the run."""
+
+    start: float | None = None
+    updated: float | None = None
+    end: float | None = None
+    status: str | None = None
+    params: Mapping[str, tuple[int, object]] = field(default_factory=dict)
+    tags: frozenset[str] = frozenset()
+    untagged: frozenset[str] = frozenset()
+    note: tuple[int, str] | None = None  # (stamp_ns, text)
+    metrics: Mapping[str, MetricSummary] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "v": 1,
+            "start": self.start,
+            "updated": self.updated,
+            "end": self.end,
+            "status": self.status,
+            "params": {k: [ns, v] for k, (ns, v) in self.params.items()},
+            "tags": sorted(self.tags),
+            "untagged": sorted(self.untagged),
+            "note": list(self.note) if self.note is not None else None,
+            "metrics": {name: m.to_json() for name, m in self.metrics.items()},
+        }
+
+    @classmethod
+    def from_json(cls, data: Any) -> WriterSummary:
+        """The summary in ``data``; ``ValueError``/``TypeError``/``KeyError`` when it is not
+        one (a reader skips such a file with a warning)."""
+        if not isinstance(data, dict) or data.get("v") != 1:
+            raise ValueError("not a run summary (version 1)")
+        note = data.get("note")
+        return cls(
+            start=_opt_float(data.get("start")),
+            updated=_opt_float(data.get("updated")),
+            end=_opt_float(data.get("end")),
+            status=None if data.get("status") is None else str(data["status"]),
+            params={str(k): (int(ns), v) for k, (ns, v) in dict(data["params"]).items()},
+            tags=frozenset(str(t) for t in data.get("tags", ())),
+            untagged=frozenset(str(t) for t in data.get("untagged", ())),
+            note=None if note is None else (int(note[0]), str(note[1])),
+            metrics={
+                str(name): MetricSummary.from_json(m) for name, m in dict(data["metrics"]).items()
+            },
+        )
+
+
+@dataclass(frozen=True)
+class RunSummary:
+    """A run as lists show it and filters see it (the writers' summaries merged)."""
+
+    run_id: str
+    status: str = "running"
+    start: float | None = None
+    end: float | None = None
+    heartbeat: float | None = None
+    params: Mapping[str, object] = field(default_factory=dict)
+    tags: frozenset[str] = frozenset()
+    note: str = ""
+    metrics: Mapping[str, MetricSummary] = field(default_factory=dict)
+
+    @property
+    def duration_s(self) -> float | None:
+        if self.start is None:
+            return None
+        end = self.end if self.end is not None else self.heartbeat
+        return None if end is None else max(0.0, end - self.start)
+
+
+def merge(
+    run_id: str,
+    writers: Iterable[WriterSummary],
+    status: str = "running",
+    heartbeat: float | None = None,
+    ended_at: float | None = None,
+) -> RunSummary:
+    """One run's summary from its writers' (in any order). ``status`` and ``ended_at`` are
+    the run's status and when it ended as the store tells them (the rules of several
+    writers' endings are the store's); without ``ended_at`` the latest writer's end."""
+    ordered = sorted(writers, key=lambda w: (w.updated or 0.0))
+    params: dict[str, tuple[int, object]] = {}
+    metrics: dict[str, MetricSummary] = {}
+    tags: set[str] = set()
+    # Tag changes in time order: a later writer's removal undoes an earlier one's tag.
+    note: tuple[int, str] | None = None
+    for w in ordered:
+        for key, (ns, value) in w.params.items():
+            if key not in params or ns >= params[key][0]:
+                params[key] = (ns, value)
+        for name, m in w.metrics.items():
+            metrics[name] = metrics[name].merge(m) if name in metrics else m
+        tags |= w.tags
+        tags -= w.untagged
+        if w.note is not None and (note is None or w.note[0] >= note[0]):
+            note = w.note
+    starts = [w.start for w in ordered if w.start is not None]
+    ends = [w.end for w in ordered if w.end is not None]
+    updates = [w.updated for w in ordered if w.updated is not None]
+    ended = status not in ("running", "crashed")
+    return RunSummary(
+        run_id=run_id,
+        status=status,
+        start=min(starts) if starts else None,
+        end=(ended_at if ended_at is not None else max(ends, default=None)) if ended else None,
+        heartbeat=heartbeat if heartbeat is not None else (max(updates) if updates else None),
+        params={k: v for k, (_, v) in params.items()},
+        tags=frozenset(tags),
+        note=note[1] if note is not None else "",
+        metrics=metrics,
+    )
+
+
+def _opt(pick: Any, a: float | None, b: float | None) -> float | None:
+    if a is None:
+        return b
+    if b is None:
+        return a
+    return float(pick(a, b))
+
+
+def _number(value: float | None) -> object:
+    """JSON has no NaN or infinities: those go as text."""
+    if value is None or math.isfinite(value):
+        return value
+    return repr(value)  # 'nan', 'inf', '-inf'
+
+
+def _float(value: object) -> float:
+    return float(value)  # type: ignore[arg-type]  # a number, or 'nan'/'inf' text
+
+
+def _opt_float(value: object) -> float | None:
+    return None if value is None else _float(value)
+
+
+__all__ = ["STATUSES", "MetricSummary", "RunSummary", "WriterSummary", "merge"]
