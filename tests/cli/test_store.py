@@ -231,23 +231,24 @@ def test_which_store_is_read(
 
 
 def test_end_status_of_several_writers(tmp_path: Path) -> None:
-    """Ranks of one job end one run: a failed rank fails it, whatever order they end in."""
+    """Ranks of one job end one run: a failed rank fails it, whatever order they end in.
+    (Ranks start together: a process that resumes the run after its ranks ended is its next
+    life, see tests/cli/test_end_status.py.)"""
     store = str(tmp_path / "runs")
-    rank = (
-        "import sys\nfrom async_tracker import init\n"
-        "run = init('job', dir=sys.argv[1], id='job/ranks', resume='allow')\n"
-        "run.log_metric('loss', 1.0)\nrun.close(reason=sys.argv[2])\n"
-    )
     tracker = as_sync(open_store(store))
-    for reason, expected in (
-        ("finished", "finished"), ("failed", "failed"), ("finished", "failed"),
-        ("killed", "failed"),
+    for n, reasons, expected in (
+        (1, ["finished"], "finished"), (2, ["finished", "failed"], "failed"),
+        (3, ["failed", "finished", "finished"], "failed"),
+        (3, ["finished", "killed", "finished"], "killed"),
+        (3, ["killed", "failed", "finished"], "failed"),
     ):  # fmt: skip
-        subprocess.run(
-            [sys.executable, "-c", rank, store, reason], check=True, env=child_env(), timeout=60
-        )
-        ended = run_status(tracker, "job/ranks")
-        assert ended is not None and ended[0] == expected and ended[1] is not None
+        run_id = f"job/ranks-{n}-{'-'.join(reasons)}"
+        ranks = [init("job", dir=store, id=run_id, resume="allow") for _ in reasons]
+        for rank, reason in zip(ranks, reasons):
+            rank.log_metric("loss", 1.0)
+            rank.close(reason=reason)  # type: ignore[arg-type]
+        ended = run_status(tracker, run_id)
+        assert ended is not None and ended[0] == expected and ended[1] is not None, reasons
 
 
 def test_exit_summary_names_the_store() -> None:
