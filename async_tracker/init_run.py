@@ -38,6 +38,7 @@ from async_tracker.run import AppRun
 from async_tracker.runtime.process import runtime
 from async_tracker.settings import CLOSE_SLACK_S, RunOptions, init_timeout
 from async_tracker.spool import check_run_id, default_spool_dir, has_spool, spooled_last_steps
+from async_tracker.tags import check_note, tag_metadata
 
 logger = logging.getLogger(__name__)
 
@@ -90,6 +91,8 @@ def init(
     resume: Resume = "allow",
     timeout: float | None = None,
     backends: Sequence[AnyTracker | str] = (),
+    tags: Sequence[str] = (),
+    note: str | None = None,
     **options: Any,
 ) -> AppRun:
     """A new run of ``project`` in a local store, ready for ``with``.
@@ -126,6 +129,8 @@ def init(
             can only be known from the store.
         backends: more backends beside the store: objects, or factory names (``"tensorboard"``,
             ``"mlflow"``, ``module:attr``) built with no config.
+        tags: tags the run gets (``AppRun.add_tags``); a resumed run keeps the tags it had.
+        note: the run's note (``AppRun.set_note``), when given.
         options: ``AppRun`` options (``flush_interval``, ``durable``, ``close_timeout`` ...).
 
     Example::
@@ -138,6 +143,12 @@ def init(
         check_name(name, "name")
     if resume not in ("allow", "never", "must"):
         raise ValueError(f"resume must be 'allow', 'never' or 'must', got {resume!r}")
+    # Checked before the store is asked: a bad tag must not leave a claimed, empty run.
+    if isinstance(tags, str):
+        raise TypeError(f"tags must be a sequence of str, got the str {tags!r}")
+    tag_metadata(add=tags)
+    if note is not None:
+        check_note(note)
     bound = init_timeout(timeout)
     url = store_dir(dir)
     store = open_store(url)
@@ -170,6 +181,10 @@ def init(
     if config is not None:
         metadata.update(_as_mapping(config))
     run.add_metadata(**metadata)
+    if tags:
+        run.add_tags(*tags)
+    if note is not None:
+        run.set_note(note)
     return run
 
 

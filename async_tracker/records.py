@@ -19,6 +19,7 @@ from enum import Enum
 from pathlib import PurePath
 from typing import Literal, NamedTuple, TypeAlias
 
+from async_tracker.tags import RESERVED_KEY_PREFIX, is_reserved_key
 from async_tracker.tensors import DeferredValue, scalar_of
 
 
@@ -460,9 +461,17 @@ def _check_size(size: int, key: str, what: str) -> None:
 
 
 def check_metadata(kwargs: Mapping[str, object]) -> dict[str, object]:
+    """A checked copy of user metadata (see :func:`json_copy`). Keys starting with
+    ``async_tracker.`` are refused: they are the package's own (a run's tags and note, see
+    :mod:`async_tracker.tags`), and a user's write would change them behind its back."""
     out: dict[str, object] = {}
     for k, v in kwargs.items():
         check_name(k, "metadata key")
+        if is_reserved_key(k):
+            raise ValueError(
+                f"metadata key {k!r}: keys starting with {RESERVED_KEY_PREFIX!r} are reserved "
+                "(tags and the note have their own methods: add_tags, remove_tags, set_note)"
+            )
         out[k] = json_copy(v, k)
     return out
 

@@ -82,6 +82,7 @@ from async_tracker.runtime.process import close_reason, runtime
 from async_tracker.settings import CLOSE_SLACK_S, OverflowPolicy, RunOptions
 from async_tracker.spool import check_run_id, default_spool_dir, has_spool
 from async_tracker.system_metrics import SystemMetrics
+from async_tracker.tags import NOTE_KEY, check_note, split_metadata, tag_metadata
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -405,7 +406,32 @@ class AppRun:
     def add_metadata(self, **kwargs: object) -> None:
         """Records metadata; a later value of a key replaces an earlier one.
         Values must be JSON data (dict, list, str, int, float, bool, None)."""
-        metadata = check_metadata(kwargs)
+        self._append_metadata(check_metadata(kwargs))
+
+    def add_tags(self, *tags: str) -> None:
+        """Adds tags to the run (``run.add_tags("baseline", "v2")``); a tag it has already
+        stays. A tag is 1 to 100 letters, digits, ``_``, ``.`` or ``-``, starting with a
+        letter, digit or ``_``; a bad one raises ``ValueError`` naming it, and no tag of the
+        call is kept. Each tag is a key of its own, so processes tagging one run at once
+        keep each other's tags (see :mod:`async_tracker.tags`)."""
+        metadata = tag_metadata(add=tags)
+        if metadata:
+            self._append_metadata(metadata)
+
+    def remove_tags(self, *tags: str) -> None:
+        """Removes tags from the run; removing a tag it does not have is no error."""
+        metadata = tag_metadata(remove=tags)
+        if metadata:
+            self._append_metadata(metadata)
+
+    def set_note(self, text: str) -> None:
+        """Sets the run's note, a free text about it (MLflow shows it as the run's
+        description); ``""`` clears it. A later note replaces an earlier one."""
+        self._append_metadata({NOTE_KEY: check_note(text)})
+
+    def _append_metadata(self, metadata: dict[str, object]) -> None:
+        """The write of checked metadata (the user's, or the reserved keys of tags and the
+        note): every backend's check, then one record."""
         self._validate(metadata)
         # Stamped by the process's hybrid clock: the call's wall time, never back in the
         # process (backends that many processes write order a key's writes by it).
@@ -855,11 +881,26 @@ class AppRun:
         return await _await_on_tracker_loop(self._read, method, *args)
 
     def metadata(self) -> Mapping[str, object]:
-        """The run's metadata, including this process's writes so far."""
-        return self._read_sync("metadata") or {}
+        """The run's metadata, including this process's writes so far (without the keys
+        that hold its tags and note: see :meth:`tags` and :meth:`note`)."""
+        return split_metadata(self._read_sync("metadata") or {})[0]
 
     async def ametadata(self) -> Mapping[str, object]:
-        return await self._aread("metadata") or {}
+        return split_metadata(await self._aread("metadata") or {})[0]
+
+    def tags(self) -> frozenset[str]:
+        """The run's tags (from the first backend), including this process's writes."""
+        return split_metadata(self._read_sync("metadata") or {})[1]
+
+    async def atags(self) -> frozenset[str]:
+        return split_metadata(await self._aread("metadata") or {})[1]
+
+    def note(self) -> str:
+        """The run's note ("" when it has none), including this process's writes."""
+        return split_metadata(self._read_sync("metadata") or {})[2]
+
+    async def anote(self) -> str:
+        return split_metadata(await self._aread("metadata") or {})[2]
 
     def artifacts(self) -> Mapping[str, TrackerArtifact]:
         """The run's artifacts by name."""
@@ -939,6 +980,9 @@ _WRITE_CODES = frozenset(
     f.__code__
     for f in (
         AppRun.add_metadata,
+        AppRun.add_tags,
+        AppRun.remove_tags,
+        AppRun.set_note,
         AppRun.add_artifact,
         AppRun.add_source,
         AppRun.log_metric,

@@ -80,6 +80,7 @@ from async_tracker.records import (
     sort_points,
 )
 from async_tracker.runtime.process import run_blocking
+from async_tracker.tags import split_metadata
 
 try:
     import numpy as np  # a dependency of tensorboard
@@ -227,10 +228,13 @@ def _hparam(value: object) -> bool | float | str:
 
 def _hparams_event(metadata: Mapping[str, object], start: float, wall_time: float) -> bytes | None:
     """Every metadata value as an hparam of a session that started at ``start`` (seconds
-    since the epoch), or None when the run has no metadata."""
-    if not metadata:
+    since the epoch), or None when the run has no metadata. The keys of the run's tags and
+    note are left out: a column per tag ever used would crowd the HParams table (the Text
+    tab's metadata table shows them)."""
+    params = split_metadata(metadata)[0]
+    if not params:
         return None
-    hparams = {k: _hparam(v) for k, v in metadata.items()}
+    hparams = {k: _hparam(v) for k, v in params.items()}
     event = event_pb2.Event(wall_time=wall_time, step=0)
     event.summary.CopyFrom(hparams_summary.hparams_pb(hparams, start_time_secs=start))
     return bytes(event.SerializeToString())

@@ -10,6 +10,7 @@
     async-tracker export tensorboard RUN_ID [RUN_ID ...] --out DIR
     async-tracker run [--name NAME] [--parent-run-id ID] -- COMMAND ...
     async-tracker sync [SPOOL_DIR] [--to URL|FACTORY]
+    async-tracker tag RUN_ID [+TAG ...] [-TAG ...] [--note TEXT]
     async-tracker --version
 
 The tracker read is ``--tracker NAME --config CFG`` if given, else ``--store PATH|URL``, else
@@ -28,7 +29,7 @@ import sys
 from collections.abc import Sequence
 
 import async_tracker
-from async_tracker.cli import export, plot, query, run, sync
+from async_tracker.cli import export, plot, query, run, sync, tag
 from async_tracker.cli.common import EXIT_FAILURE, EXIT_USAGE, CliError, StoreError, warn
 from async_tracker.errors import TrackerError
 
@@ -67,7 +68,21 @@ def parser() -> argparse.ArgumentParser:
     export.register(sub, common)
     run.register(sub, common)
     sync.register(sub, common)
+    tag.register(sub, common)
     return p
+
+
+def parse(argv: Sequence[str] | None) -> argparse.Namespace:
+    """The arguments, as ``parse_args`` would give them; but a command that sets
+    ``takes_extra`` (``tag``, whose "-TAG" words look like options to argparse) gets the
+    words argparse did not know as ``args.extra``."""
+    p = parser()
+    args, extra = p.parse_known_args(argv)
+    if extra:
+        if not getattr(args, "takes_extra", False):
+            p.error(f"unrecognized arguments: {' '.join(extra)}")
+        args.extra = extra
+    return args
 
 
 def _version() -> str:
@@ -81,7 +96,7 @@ def _version() -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     """The command; returns its exit code (``async-tracker`` exits with it)."""
     try:
-        args = parser().parse_args(argv)
+        args = parse(argv)
     except SystemExit as exc:  # --help, or a usage error argparse has printed
         return exc.code if isinstance(exc.code, int) else EXIT_USAGE
     try:

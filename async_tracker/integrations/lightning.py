@@ -46,6 +46,7 @@ from async_tracker.records import check_name
 from async_tracker.run import AppRun
 from async_tracker.settings import RunOptions, init_timeout
 from async_tracker.spool import check_run_id
+from async_tracker.tags import check_note, tag_metadata
 
 LogModel = bool | Literal["all"]
 
@@ -93,6 +94,12 @@ def check_init_options(init_options: Mapping[str, Any]) -> None:
         check_run_id(check_name(run_id, "id"))
     if "timeout" in init_options:
         init_timeout(init_options["timeout"])
+    tags = init_options.get("tags") or ()
+    if isinstance(tags, str):
+        raise TypeError(f"tags must be a sequence of str, got the str {tags!r}")
+    tag_metadata(add=tags)
+    if init_options.get("note") is not None:
+        check_note(init_options["note"])
     # The AppRun options as the run will merge them (environment, then these): their own
     # checks, now.
     base = init_options.get("options") or RunOptions.from_env()

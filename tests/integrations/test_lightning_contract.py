@@ -22,6 +22,7 @@ from lightning.pytorch.callbacks import Callback, ModelCheckpoint  # noqa: E402
 from async_tracker import AppRun  # noqa: E402
 from async_tracker.backend.memory import InMemoryTracker  # noqa: E402
 from async_tracker.integrations.lightning import AsyncTrackerLogger  # noqa: E402
+from async_tracker.tags import split_metadata  # noqa: E402
 from tests.integrations.helpers import Recorder, Store  # noqa: E402
 from tests.integrations.test_lightning import STEPS, Tiny, loader, trainer  # noqa: E402
 
@@ -252,6 +253,9 @@ def test_prefix_joins_metric_names_with_a_dash(tmp_path: Path, store: Store) -> 
         ({"prefix": 3}, TypeError, "prefix"),
         ({"project": ""}, ValueError, "project"),
         ({"log_model": "best"}, ValueError, "log_model"),
+        ({"tags": ["good", "bad tag"]}, ValueError, "'bad tag'"),
+        ({"tags": "baseline"}, TypeError, "tags"),
+        ({"note": 3}, TypeError, "note"),
     ],
 )
 def test_every_option_is_checked_at_construction(
@@ -359,3 +363,12 @@ def test_log_model_without_a_monitor(
         }
     else:
         assert every == {}
+
+
+def test_tags_and_a_note_go_to_the_run(tmp_path: Path, store: Store) -> None:
+    logger = AsyncTrackerLogger(dir=store.root, tags=["baseline", "lightning"], note="tiny")
+    trainer(tmp_path, logger).fit(Tiny(), loader())
+    assert logger.run_id is not None
+    params, tags, note = split_metadata(store.metadata(logger.run_id))
+    assert tags == {"baseline", "lightning"} and note == "tiny"
+    assert params["lr"] == 0.1

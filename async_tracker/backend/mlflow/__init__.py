@@ -21,6 +21,8 @@ How a run maps onto MLflow::
                           tag async_tracker.run_key = sha1("app-123") (what searches use)
     add_metadata(k=v) ->  tag k = json(v) (values round-trip; the latest write wins), and
                           the first write of k is also logged as params (flattened)
+    add_tags(t)       ->  tag async_tracker.tag.<t> = "true" ("false" once removed)
+    set_note(text)    ->  tag mlflow.note.content (the run's description in the UI)
     add_artifact(n,p) ->  p uploaded to <n>/ of the run's artifacts when it is a local file
                           or directory; a tag holding {name, path, metadata}
     add_source(s, a)  ->  tags (so that sources(), lineage() and run_ids() round-trip)

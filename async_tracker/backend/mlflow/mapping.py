@@ -5,6 +5,10 @@
     add_metadata(k=v)  ->  tag k = json(v), every write (last write wins; metadata() reads it)
                            + params: the first write of k in a run, flattened as
                              log_params_flat does (k.sub = str(value))
+    add_tags(t)        ->  tag async_tracker.tag.<t> = "true" (remove_tags: "false"), never
+                           params: searchable (tags."async_tracker.tag.t" = 'true')
+    set_note(text)     ->  tag mlflow.note.content = text: the run's description in the
+                           MLflow UI (an edit there is what note() reads back)
     add_artifact(n, p) ->  tag async_tracker.artifact.<sha1(n)> = json({name, path, metadata}),
                            after uploading p to <n>/ in the run's artifacts if it is a local
                            file or directory (a URI such as s3://... is recorded, not fetched)
@@ -36,6 +40,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from async_tracker.records import TrackerArtifact, TrackerMetric, TrackerSource
+from async_tracker.tags import NOTE_KEY, TAG_KEY_PREFIX, check_tag, is_reserved_key
 
 logger = logging.getLogger("async_tracker.backend.mlflow")
 
@@ -59,6 +64,9 @@ TAG_WRITER_PREFIX = "async_tracker.writer."
 # A live run's heartbeat: {"time": seconds since the epoch, "interval_s": ..}.
 TAG_HEARTBEAT = "async_tracker.heartbeat"
 MLFLOW_TAG_PREFIX = "mlflow."
+# MLflow's own tag of a run's description (mlflow.utils.mlflow_tags.MLFLOW_RUN_NOTE): where
+# the run's note goes, so that the UI shows it, and an edit there is the note read back.
+MLFLOW_NOTE_TAG = "mlflow.note.content"
 RESERVED_TAG_PREFIXES = (TAG_PREFIX, MLFLOW_TAG_PREFIX)
 
 _KEY_RE = re.compile(r"^[/\w.\- :]*$" if os.name != "nt" else r"^[/\w.\- ]*$")
@@ -225,8 +233,31 @@ def param_problem(key: str, value: str) -> str | None:
     return key_problem(key, "param") or value_problem(key, value, MAX_PARAM_VALUE_LENGTH, "param")
 
 
+def mlflow_tag(key: str, value: object) -> tuple[str, str]:
+    """The MLflow tag of metadata ``key = value``: ``key = json(value)``, but the note's
+    text as MLflow's description tag."""
+    if key == NOTE_KEY:
+        return MLFLOW_NOTE_TAG, str(value)
+    return key, dumps(value)
+
+
 def tag_problem(key: str, value: object) -> str | None:
-    """Why MLflow would refuse metadata ``key = value`` as a tag, or None."""
+    """Why MLflow would refuse metadata ``key = value`` as a tag, or None. Of the reserved
+    keys, those of tags (a bool) and of the note (a str) are taken (see
+    :mod:`async_tracker.tags`)."""
+    if key.startswith(TAG_KEY_PREFIX) and isinstance(value, bool):
+        try:
+            check_tag(key[len(TAG_KEY_PREFIX) :])
+        except ValueError as exc:
+            return str(exc)
+        return key_problem(key, "tag")
+    if key == NOTE_KEY and isinstance(value, str):
+        if len(value) > MAX_TAG_VALUE_LENGTH:
+            return (
+                f"the note is {len(value)} characters; MLflow allows {MAX_TAG_VALUE_LENGTH} "
+                "(save longer text as an artifact)"
+            )
+        return None
     if key.startswith(RESERVED_TAG_PREFIXES):
         return (
             f"metadata key {key!r}: keys starting with {TAG_PREFIX!r} or "
@@ -252,7 +283,7 @@ def metadata_problems(metadata: Mapping[str, object], params: bool = True) -> li
     problems = []
     for key, value in metadata.items():
         problem = tag_problem(key, value)
-        if problem is None and params:
+        if problem is None and params and not is_reserved_key(key):
             problem = params_problem(key, value)
         if problem:
             problems.append(problem)

@@ -37,6 +37,7 @@ from async_tracker.backend.mlflow.errors import (
 from async_tracker.backend.mlflow.mapping import (
     INT64_MAX,
     INT64_MIN,
+    MLFLOW_NOTE_TAG,
     RESERVED_TAG_PREFIXES,
     TAG_ARTIFACT_PREFIX,
     TAG_HEARTBEAT,
@@ -52,6 +53,7 @@ from async_tracker.backend.mlflow.mapping import (
     local_path,
     metadata_problems,
     metric_problem,
+    mlflow_tag,
     param_problem,
     parent_tag,
     raise_problems,
@@ -74,6 +76,7 @@ from async_tracker.records import (
     sort_points,
 )
 from async_tracker.runtime.process import run_blocking
+from async_tracker.tags import NOTE_KEY, TAG_KEY_PREFIX, is_reserved_key
 
 if sys.version_info < (3, 11):  # pragma: no cover - 3.10
     from exceptiongroup import BaseExceptionGroup
@@ -416,7 +419,7 @@ class AsyncMLflowTracker(AsyncTrackerBase):
             if problem:
                 problems.append(problem)
             else:
-                tags.append((key, dumps(value)))
+                tags.append(mlflow_tag(key, value))
         return tags
 
     def _metadata_params(self, metadata: Mapping[str, object]) -> list[tuple[str, str]]:
@@ -426,7 +429,8 @@ class AsyncMLflowTracker(AsyncTrackerBase):
         (validate refuses them at the call site): the tag still holds the value."""
         params: dict[str, str] = {}
         for key, value in metadata.items():
-            if tag_problem(key, value):
+            # A run's tags and note are tags only: params would freeze their first value.
+            if is_reserved_key(key) or tag_problem(key, value):
                 continue
             try:
                 flat = flatten_params(value, key)
@@ -508,13 +512,19 @@ class AsyncMLflowTracker(AsyncTrackerBase):
         return await self._blocking("get_run", self._tags_sync, run_id)
 
     async def metadata(self, run_id: str) -> Mapping[str, object]:
-        """The run's tags, decoded, without MLflow's system tags (``mlflow.*``) and ours."""
+        """The run's tags, decoded, without MLflow's system tags (``mlflow.*``) and ours,
+        but with the run's own tags (``async_tracker.tag.*``) and its description (as the
+        note's key): what ``AppRun.tags()`` and ``note()`` read."""
         tags = await self._tags(run_id)
-        return {
-            k: loads_tag(v)
-            for k, v in sorted(tags.items())
-            if not k.startswith(RESERVED_TAG_PREFIXES)
-        }
+        out: dict[str, object] = {}
+        for k, v in sorted(tags.items()):
+            if k.startswith(TAG_KEY_PREFIX):
+                out[k] = loads_tag(v) is True
+            elif k == MLFLOW_NOTE_TAG:
+                out[NOTE_KEY] = v
+            elif not k.startswith(RESERVED_TAG_PREFIXES):
+                out[k] = loads_tag(v)
+        return out
 
     async def artifacts(self, run_id: str) -> Mapping[str, TrackerArtifact]:
         tags = await self._tags(run_id)
