@@ -100,8 +100,13 @@ class RunHandle:
             self._run = run
         elif run.closed and self._owned:
             # Our own run again, whatever its first open asked: an id= of the caller's, or
-            # resume="never" (the run exists now: it is the one we made).
-            options = {**self._init_options, "id": run.id, "resume": "allow"}
+            # resume="never" (the run exists now: it is the one we made). Its tags and note
+            # were set at the first open: given again, they would undo the user's changes.
+            options = {
+                **{k: v for k, v in self._init_options.items() if k not in ("tags", "note")},
+                "id": run.id,
+                "resume": "allow",
+            }
             run = init(self.project, dir=self._dir, **options)
             self._run = run
         return run
