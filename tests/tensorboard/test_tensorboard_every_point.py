@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+pytest.importorskip("tensorboard")
+
 from async_tracker import AsyncTrackerBase
 from async_tracker.backend.tensorboard import AsyncTensorBoardTracker
 from tests.every_point import (
