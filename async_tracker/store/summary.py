@@ -9,8 +9,9 @@ so that every backend and reader shares them.
 
 from __future__ import annotations
 
+import dataclasses
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -73,7 +74,16 @@ class WriterSummary:
     ``params`` holds the metadata keys it wrote with the hybrid-clock stamp of each
     (``{key: [stamp_ns, value]}``), so that merging keeps each key's latest write across
     processes. Times are seconds since the epoch; ``end``/``status`` are None while the
-    writer has not ended the run."""
+    writer has not ended the run, and ``life_start`` is when the life that ended began (the
+    store's "last life" rule, see its ``run_status``).
+
+    ``seq`` and ``keys`` say which batches it counts, so that a batch written twice (a retry,
+    a replay from the spool by another process) is counted once: batches of one writer come
+    in sequence order, so a batch below ``seq`` was counted, and ``keys`` holds the keys
+    counted at ``seq`` itself (the parts of a batch split by the lane share its number).
+
+    JSON (version 1): unknown keys are ignored and keys added later are optional, so a
+    reader reads summaries written by older and newer writers of version 1."""
 
     start: float | None = None
     updated: float | None = None
@@ -84,6 +94,9 @@ class WriterSummary:
     untagged: frozenset[str] = frozenset()
     note: tuple[int, str] | None = None  # (stamp_ns, text)
     metrics: Mapping[str, MetricSummary] = field(default_factory=dict)
+    life_start: float = 0.0
+    seq: int = -1
+    keys: frozenset[str] = frozenset()
 
     def to_json(self) -> dict[str, object]:
         return {
@@ -92,6 +105,9 @@ class WriterSummary:
             "updated": self.updated,
             "end": self.end,
             "status": self.status,
+            "started": self.life_start,
+            "seq": self.seq,
+            "keys": sorted(self.keys),
             "params": {k: [ns, v] for k, (ns, v) in self.params.items()},
             "tags": sorted(self.tags),
             "untagged": sorted(self.untagged),
@@ -118,7 +134,77 @@ class WriterSummary:
             metrics={
                 str(name): MetricSummary.from_json(m) for name, m in dict(data["metrics"]).items()
             },
+            life_start=float(data.get("started") or 0.0),
+            seq=int(data.get("seq", -1)),
+            keys=frozenset(str(k) for k in data.get("keys", ())),
         )
+
+    def counted(self, key: str, seq: int) -> bool:
+        """Whether the batch ``key`` (number ``seq``) is counted here already. A batch
+        without a key (a direct call) is never taken for a repeat."""
+        return bool(key) and (seq < self.seq or (seq == self.seq and key in self.keys))
+
+    def with_batch(
+        self,
+        now: float,
+        *,
+        key: str = "",
+        seq: int = -1,
+        params: Mapping[str, tuple[int, object]] | None = None,
+        metrics: Mapping[str, MetricSummary] | None = None,
+        first_time: float | None = None,
+        end: tuple[str, float, float] | None = None,
+    ) -> WriterSummary:
+        """This summary with one more batch counted: its params (``{key: (stamp_ns,
+        value)}``), its metrics' summaries (:func:`summarize_columns`), the time of its
+        earliest point, and its end record ``(status, time, life_start)``. ``start`` is the
+        earliest point's time, or the first write's (``now``) for a writer with no points."""
+        merged_params = dict(self.params)
+        for name, (ns, value) in (params or {}).items():
+            if name not in merged_params or ns >= merged_params[name][0]:
+                merged_params[name] = (ns, value)
+        merged_metrics = dict(self.metrics)
+        for name, m in (metrics or {}).items():
+            merged_metrics[name] = merged_metrics[name].merge(m) if name in merged_metrics else m
+        start = self.start if self.start is not None else now
+        if first_time is not None:
+            start = min(start, first_time)
+        changes: dict[str, Any] = {
+            "start": start, "updated": now, "params": merged_params, "metrics": merged_metrics,
+        }  # fmt: skip
+        if end is not None:
+            changes.update(status=end[0], end=end[1], life_start=end[2])
+        if key:
+            if seq > self.seq:
+                changes.update(seq=seq, keys=frozenset([key]))
+            else:
+                changes.update(keys=self.keys | {key})
+        return dataclasses.replace(self, **changes)
+
+
+_Columns = tuple[Sequence[int], Sequence[float], Sequence[float]]
+
+
+def summarize_columns(columns: Mapping[str, _Columns]) -> tuple[dict[str, MetricSummary], float]:
+    """The summary of each metric's points (``{name: (steps, values, times)}``, each name's
+    points in call order) and the earliest point's time (``inf`` for none). C loops (min,
+    max, index), no Python loop per point: the flusher shares the GIL with training."""
+    out: dict[str, MetricSummary] = {}
+    first = math.inf
+    for name, (steps, values, times) in columns.items():
+        if not steps:
+            continue
+        top = max(steps)
+        # The last point logged at the highest step: most often the last point.
+        at = len(steps) - 1 if steps[-1] == top else len(steps) - 1 - steps[::-1].index(top)
+        if math.isnan(sum(values)):  # a NaN (or inf and -inf): min/max ignore NaN
+            finite = [v for v in values if not math.isnan(v)]
+            lo, hi = (min(finite), max(finite)) if finite else (None, None)
+        else:
+            lo, hi = min(values), max(values)
+        out[name] = MetricSummary(float(values[at]), lo, hi, len(steps), int(top))
+        first = min(first, min(times))
+    return out, first
 
 
 @dataclass(frozen=True)
@@ -209,4 +295,6 @@ def _opt_float(value: object) -> float | None:
     return None if value is None else _float(value)
 
 
-__all__ = ["STATUSES", "MetricSummary", "RunSummary", "WriterSummary", "merge"]
+__all__ = [
+    "STATUSES", "MetricSummary", "RunSummary", "WriterSummary", "merge", "summarize_columns",
+]
