@@ -761,6 +761,10 @@ class AsyncFsspecTracker(AsyncTrackerBase):
                 key, seq, params, columns, end = batch
                 if not tally.summary.counted(key, seq):
                     metrics, first = summarize_columns(columns)
+                    # The run started at its first record: a point's time, a metadata
+                    # call's stamp, or its end record's time.
+                    stamps = [ns / 1e9 for ns, _ in params.values()]
+                    first = min([first, *stamps, *((end[1],) if end is not None else ())])
                     tally.summary = tally.summary.with_batch(
                         time.time(), key=key, seq=seq, params=params, metrics=metrics,
                         first_time=first if math.isfinite(first) else None, end=end,
