@@ -1206,7 +1206,9 @@ class AsyncFsspecTracker(AsyncTrackerBase):
             last = max((p.timestamp for pts in points.get(token, {}).values() for p in pts),
                        default=None)  # fmt: skip
             ending = next((e for n, e in ends if n == f"{token}.json"), None)
-            start = first if math.isfinite(first) else min(stamps, default=None)
+            # As a writer counts it: its first record (a point, a metadata write, its end).
+            earliest = min([first, *stamps, *((ending[1],) if ending else ())])
+            start = earliest if math.isfinite(earliest) else None
             updated = max(
                 [t for t in (last, *stamps, ending[1] if ending else None) if t is not None],
                 default=None,
