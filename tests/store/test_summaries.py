@@ -43,7 +43,7 @@ def summary_dir(root: Path, run_id: str = RUN) -> Path:
     return root / encode_run_id(run_id) / SUMMARY_DIR
 
 
-class CountingFS(LocalFileSystem):
+class CountingFS(LocalFileSystem):  # type: ignore[misc]  # fsspec is untyped
     """The local filesystem, counting the files it puts in place under a ``summary/``
     folder (a staged write ends with a move; an unstaged one is a pipe)."""
 
