@@ -38,7 +38,10 @@ class MetricSummary:
     @classmethod
     def from_json(cls, data: Any) -> MetricSummary:
         last, lo, hi, count, step = data
-        return cls(_float(last), _opt_float(lo), _opt_float(hi), int(count), int(step))
+        return cls(
+            float(last), None if lo is None else float(lo), None if hi is None else float(hi),
+            int(count), int(step),
+        )  # fmt: skip
 
     def add(self, value: float, step: int) -> MetricSummary:
         """This summary with one more point."""
@@ -121,22 +124,22 @@ class WriterSummary:
         one (a reader skips such a file with a warning)."""
         if not isinstance(data, dict) or data.get("v") != 1:
             raise ValueError("not a run summary (version 1)")
-        note = data.get("note")
+        note, get = data.get("note"), data.get
+        start, updated, end, status = get("start"), get("updated"), get("end"), get("status")
+        # JSON object keys are text already; numbers come as numbers (or 'nan'/'inf' text).
         return cls(
-            start=_opt_float(data.get("start")),
-            updated=_opt_float(data.get("updated")),
-            end=_opt_float(data.get("end")),
-            status=None if data.get("status") is None else str(data["status"]),
-            params={str(k): (int(ns), v) for k, (ns, v) in dict(data["params"]).items()},
-            tags=frozenset(str(t) for t in data.get("tags", ())),
-            untagged=frozenset(str(t) for t in data.get("untagged", ())),
+            start=None if start is None else float(start),
+            updated=None if updated is None else float(updated),
+            end=None if end is None else float(end),
+            status=None if status is None else str(status),
+            params={k: (int(ns), v) for k, (ns, v) in data["params"].items()},
+            tags=_texts(get("tags")),
+            untagged=_texts(get("untagged")),
             note=None if note is None else (int(note[0]), str(note[1])),
-            metrics={
-                str(name): MetricSummary.from_json(m) for name, m in dict(data["metrics"]).items()
-            },
-            life_start=float(data.get("started") or 0.0),
-            seq=int(data.get("seq", -1)),
-            keys=frozenset(str(k) for k in data.get("keys", ())),
+            metrics={name: MetricSummary.from_json(m) for name, m in data["metrics"].items()},
+            life_start=float(get("started") or 0.0),
+            seq=int(get("seq", -1)),
+            keys=_texts(get("keys")),
         )
 
     def counted(self, key: str, seq: int) -> bool:
@@ -270,6 +273,13 @@ def merge(
         note=note[1] if note is not None else "",
         metrics=metrics,
     )
+
+
+_NONE: frozenset[str] = frozenset()
+
+
+def _texts(values: Any) -> frozenset[str]:
+    return frozenset(map(str, values)) if values else _NONE
 
 
 def _opt(pick: Any, a: float | None, b: float | None) -> float | None:
