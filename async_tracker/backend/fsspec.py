@@ -70,6 +70,7 @@ from __future__ import annotations
 import asyncio
 import binascii
 import contextlib
+import dataclasses
 import errno
 import functools
 import hashlib
@@ -165,6 +166,8 @@ CLAIM_FILE = "claim.json"
 RUN_PARTS = frozenset(
     {METADATA_DIR, ARTIFACTS_DIR, SOURCES_DIR, PARENTS_DIR, METRICS_DIR, CLAIM_FILE}
 )
+# What a run holds once something wrote records to it (its claim aside).
+_RECORD_PARTS = (RUN_PARTS - {CLAIM_FILE}) | {STATUS_DIR}
 
 # One path component on common local filesystems (ext4, xfs, apfs, NTFS). Enforced on every
 # filesystem: a store is copied between disks and buckets, and torchx reads both.
@@ -614,6 +617,7 @@ class AsyncFsspecTracker(AsyncTrackerBase):
         token). The end record of a batch is written by :meth:`write_batch`, named by the
         token of the pipeline that sealed it and stamped with its time: a replay of it
         (another process, ``async-tracker sync``) overwrites, never adds an ending."""
+        await self._direct_tally(run_id)
         when = time.time()
         await self._write_status(run_id, reason, when, _names.token)
         await self._count_direct(run_id, end=(reason, when, 0.0))
@@ -694,6 +698,10 @@ class AsyncFsspecTracker(AsyncTrackerBase):
             await self._write_batch(run_id, batch)
 
     async def _write_batch(self, run_id: str, batch: Batch) -> None:
+        found = _KEY_TOKEN.match(batch.key)
+        writer = found.group(1) if found else _names.token
+        tally = self._tally(run_id, writer)
+        await self._load(run_id, tally)  # before this batch's files: see _load
         if batch.metadata and "metadata" not in batch.done:
             tag = batch.key or batch.names.setdefault("metadata", _names.new())
             await self._write_metadata(run_id, batch.metadata, tag, batch.metadata_ns)
@@ -708,9 +716,6 @@ class AsyncFsspecTracker(AsyncTrackerBase):
             if part not in batch.done:
                 await self.add_source(run_id, src.source_run_id, src.artifact_name)
                 batch.done.add(part)
-        found = _KEY_TOKEN.match(batch.key)
-        writer = found.group(1) if found else _names.token
-        tally = self._tally(run_id, writer)
         counted = tally.summary.counted(batch.key, batch.seq)
         columns = (
             _columns_by_name(batch.metric_rows())
@@ -753,10 +758,8 @@ class AsyncFsspecTracker(AsyncTrackerBase):
         loads what the writer's summary holds in the store (a replay by another process,
         or a later life in this one, continues it), and each write encodes the summary as it
         is then, so writes land in the order they were made and the last holds everything."""
+        await self._load(run_id, tally)
         async with tally.lock:
-            if not tally.loaded:
-                tally.summary = await self._stored_summary(tally.path) or tally.summary
-                tally.loaded = True
             if batch is not None:
                 key, seq, params, columns, end = batch
                 if not tally.summary.counted(key, seq):
@@ -771,6 +774,30 @@ class AsyncFsspecTracker(AsyncTrackerBase):
                     )  # fmt: skip
             data = _encode_json(tally.summary.to_json(), tally.path)
             await self._storage.put(tally.path, data, self._path(run_id, TMP_DIR))
+
+    async def _load(self, run_id: str, tally: _Tally) -> None:
+        """At a writer's first write to a run in this process, what its summary holds in the
+        store: a replay by another process, or a later life in this one, continues it. A run
+        with no summary at all that holds records already (before this writer's first
+        files) was written by an older version or by torchx: the summary says so
+        (``prior``), and readers summarise the run's files once (see :meth:`_rebuild`)."""
+        if tally.loaded:
+            return
+        async with tally.lock:
+            if tally.loaded:
+                return  # loaded by a call that held the lock meanwhile
+            folder = posixpath.dirname(tally.path)
+            try:
+                names = {name for name, _ in await self._storage.ls(folder)}
+            except NotADirectory:
+                names = set()
+            if posixpath.basename(tally.path) in names:
+                tally.summary = await self._stored_summary(tally.path) or tally.summary
+            elif not names:
+                entries = await self._listing_or_none(self._run_dir(run_id)) or []
+                if not _RECORD_PARTS.isdisjoint(name for name, _ in entries):
+                    tally.summary = dataclasses.replace(tally.summary, prior=True)
+            tally.loaded = True
 
     async def _stored_summary(self, path: str) -> WriterSummary | None:
         data = await self._storage.get(path)
@@ -851,6 +878,7 @@ class AsyncFsspecTracker(AsyncTrackerBase):
         )
 
     async def add_metadata(self, run_id: str, **kwargs: object) -> None:
+        await self._direct_tally(run_id)
         tag = _names.new()
         await self._write_metadata(run_id, kwargs, tag)
         await self._count_direct(run_id, params=_stamped(kwargs, {}, tag))
@@ -909,9 +937,16 @@ class AsyncFsspecTracker(AsyncTrackerBase):
         await self._storage.put(path, data, self._path(run_id, TMP_DIR))
 
     async def add_metrics(self, run_id: str, metrics: Sequence[TrackerMetric]) -> None:
+        await self._direct_tally(run_id)
         columns = _columns_by_name(metrics)
         await self._write_segment(run_id, metrics, {}, "", columns)
         await self._count_direct(run_id, columns=columns)
+
+    async def _direct_tally(self, run_id: str) -> _Tally:
+        """This process's summary of ``run_id``, loaded (before a direct call's files)."""
+        tally = self._tally(run_id, _names.token)
+        await self._load(run_id, tally)
+        return tally
 
     async def _count_direct(
         self,
@@ -922,7 +957,7 @@ class AsyncFsspecTracker(AsyncTrackerBase):
     ) -> None:
         """A direct call (torchx's API, not a batch) counted in this process's summary of
         the run and written: each call is its own flush."""
-        tally = self._tally(run_id, _names.token)
+        tally = await self._direct_tally(run_id)
         await self._update_summary(run_id, tally, ("", -1, params or {}, columns or {}, end))
 
     # -- reads ----------------------------------------------------------------------------------
@@ -1102,7 +1137,11 @@ class AsyncFsspecTracker(AsyncTrackerBase):
                 skipped.add(path, why)
         else:
             found = await self._scan(skipped)
-        missing = [f for f in found if not f.writers and f.rebuilt is None]
+        # Runs without any summary, or that a writer found with records and no summary.
+        missing = [
+            f for f in found
+            if f.rebuilt is None and (not f.writers or any(w.prior for w in f.writers.values()))
+        ]  # fmt: skip
         rebuilt = await _gather_bounded([self._rebuild(f.run_id, skipped) for f in missing])
         for f, writers in zip(missing, rebuilt):
             f.rebuilt = writers  # None: not a run (a source's descendants alone)

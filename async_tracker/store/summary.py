@@ -100,6 +100,9 @@ class WriterSummary:
     life_start: float = 0.0
     seq: int = -1
     keys: frozenset[str] = frozenset()
+    # The run held records before this writer's first write and no summary: written by an
+    # older version (or torchx), which a reader summarises from the run's files.
+    prior: bool = False
 
     def to_json(self) -> dict[str, object]:
         return {
@@ -111,6 +114,7 @@ class WriterSummary:
             "started": self.life_start,
             "seq": self.seq,
             "keys": sorted(self.keys),
+            "prior": self.prior,
             "params": {k: [ns, v] for k, (ns, v) in self.params.items()},
             "tags": sorted(self.tags),
             "untagged": sorted(self.untagged),
@@ -140,6 +144,7 @@ class WriterSummary:
             life_start=float(get("started") or 0.0),
             seq=int(get("seq", -1)),
             keys=_texts(get("keys")),
+            prior=bool(get("prior", False)),
         )
 
     def counted(self, key: str, seq: int) -> bool:

@@ -256,3 +256,31 @@ def test_a_directory_that_is_no_run_is_not_listed(tmp_path: Path) -> None:
     (other / "x").write_text("")
     assert set(summaries(root)) == {RUN}
     assert not (root / encode_run_id("dataset/v1") / SUMMARY_DIR).exists()
+
+
+def test_an_old_run_resumed_by_a_new_writer_lists_both(tmp_path: Path) -> None:
+    root = tmp_path / "runs"
+    write_run(root, points=20)
+    for p in summary_dir(root).iterdir():  # the first life, written before summaries existed
+        p.unlink()
+    with AppRun(RUN, [open_store(root)], heartbeat_s=0) as run:  # a new version resumes it
+        run.add_metadata(lr=0.2, stage=2)
+        for step in range(20, 30):
+            run.log_metric("loss", 0.5, step=step)
+    (own,) = summary_dir(root).iterdir()
+    assert json.loads(own.read_text())["prior"] is True
+    found = summaries(root)[RUN]
+    assert found.params == {"lr": 0.2, "epochs": 3, "stage": 2}
+    loss = found.metrics["loss"]
+    assert (loss.count, loss.last, loss.min, loss.max, loss.last_step) == (30, 0.5, 0.5, 20, 29)
+    assert (summary_dir(root) / REBUILT_SUMMARY).exists()
+    assert summaries(root)[RUN] == found  # from the rebuilt summary and the writer's own
+
+
+def test_a_new_run_is_not_rebuilt(tmp_path: Path) -> None:
+    root = tmp_path / "runs"
+    write_run(root)
+    (own,) = summary_dir(root).iterdir()
+    assert json.loads(own.read_text())["prior"] is False
+    summaries(root)
+    assert not (summary_dir(root) / REBUILT_SUMMARY).exists()
