@@ -701,7 +701,7 @@ class AsyncFsspecTracker(AsyncTrackerBase):
         found = _KEY_TOKEN.match(batch.key)
         writer = found.group(1) if found else _names.token
         tally = self._tally(run_id, writer)
-        await self._load(run_id, tally)  # before this batch's files: see _load
+        await self._load_early(run_id, tally)
         if batch.metadata and "metadata" not in batch.done:
             tag = batch.key or batch.names.setdefault("metadata", _names.new())
             await self._write_metadata(run_id, batch.metadata, tag, batch.metadata_ns)
@@ -943,10 +943,18 @@ class AsyncFsspecTracker(AsyncTrackerBase):
         await self._count_direct(run_id, columns=columns)
 
     async def _direct_tally(self, run_id: str) -> _Tally:
-        """This process's summary of ``run_id``, loaded (before a direct call's files)."""
+        """This process's summary of ``run_id``, loaded before a direct call's files."""
         tally = self._tally(run_id, _names.token)
-        await self._load(run_id, tally)
+        await self._load_early(run_id, tally)
         return tally
+
+    async def _load_early(self, run_id: str, tally: _Tally) -> None:
+        """:meth:`_load` before a write's files, where it tells a run an older version wrote
+        from a new one. Its failure is left to the write, whose own error names the file it
+        was about; the summary's write loads it then (and may take the run's new files for
+        older ones: that costs readers one needless rebuild, never a wrong count)."""
+        with contextlib.suppress(BackendError):
+            await self._load(run_id, tally)
 
     async def _count_direct(
         self,
