@@ -9,6 +9,8 @@ Layout under ``root_dir`` (torchx's ``FsspecTracker`` and ``torchx tracker list`
         parents/<base32(src)>.<digest(art)>     new: one file per lineage edge (its artifact)
         descendants/<base32(id)>.<digest(art)>  the same edge, in the source's directory
         metrics/<name>.jsonl                    new (torchx ignores it): immutable segments
+        summary/<writer token>.json             new: what each writing process wrote, summed
+        summary/rebuilt.json                    new: the same, rebuilt by a reader once
         .tmp/                                   staging for atomic renames, where there are
 
 Names of metadata and metric files start with the wall-clock time in nanoseconds, then a tag
@@ -45,6 +47,19 @@ warning per read naming the files.
 Errors: every failure leaves as one :class:`~async_tracker.errors.BackendError` naming the
 file, mapped by :func:`map_error` from what fsspec, s3fs, botocore or the OS raised.
 
+Summaries. Each process keeps, per run it writes, a summary of what it wrote (params, each
+metric's last/min/max/count/last step, start, end; see ``async_tracker.store.summary``) and
+rewrites it whole as ``summary/<writer token>.json`` at the end of each ``write_batch`` (a
+flush boundary, never per point). Readers of the run list (:meth:`run_summaries`) read those
+files only, merging the writers' summaries. A batch counts once in its writer's summary
+whatever happens to it: it is named by the batch's writer token (a replay by another process
+continues that writer's summary from the store), and the summary keeps which batches it counts
+(see ``WriterSummary.counted``). A run without any summary (written before summaries
+existed, or by torchx) is summarised from its files once, per writer token found in the file
+names, and that is kept as ``summary/rebuilt.json``; a writer's own summary replaces the
+rebuilt part of its token, so nothing counts twice when a writer was still writing while a
+reader rebuilt.
+
 Metric segments are JSON Lines with one line per metric name, columns of steps, values and
 timestamps: ``{"name": "loss", "step": [...], "value": [...], "time": [...]}``. Columns let
 the C JSON encoder do the work, and NaN and infinities round-trip (``NaN``, ``Infinity``).
@@ -55,6 +70,7 @@ from __future__ import annotations
 import asyncio
 import binascii
 import contextlib
+import dataclasses
 import errno
 import functools
 import hashlib
@@ -101,6 +117,12 @@ from async_tracker.records import (
 from async_tracker.runtime.loop import wait_future
 from async_tracker.runtime.process import run_blocking
 from async_tracker.settings import CRASHED_AFTER_BEATS
+from async_tracker.store.summary import (
+    RunSummary,
+    WriterSummary,
+    merge,
+    summarize_columns,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -126,6 +148,12 @@ _STATUS_RANK = {"finished": 0, "killed": 1, "failed": 2}
 # A run that never ended and whose every heartbeat is older than CRASHED_AFTER_BEATS of its
 # intervals reads as crashed (not a run part either).
 HEARTBEAT_DIR = "heartbeat"
+# What each writing process wrote, summed (see "Summaries" above); not a run part either: a
+# directory holding only a summary is not a run.
+SUMMARY_DIR = "summary"
+REBUILT_SUMMARY = "rebuilt.json"
+# The token in a file name of ours: "<19-digit time>-<token>-..." (metadata, segments).
+_FILE_TOKEN = re.compile(r"\d{19}-([^-]+)-")
 # The writer token in a batch key "<19-digit time>-<token>-<seq>[.part...]".
 _KEY_TOKEN = re.compile(r"\d{19}-(\d{19}x[0-9a-f]+)-")
 # What makes a directory a run's: any record the run wrote itself. A directory holding only
@@ -138,6 +166,8 @@ CLAIM_FILE = "claim.json"
 RUN_PARTS = frozenset(
     {METADATA_DIR, ARTIFACTS_DIR, SOURCES_DIR, PARENTS_DIR, METRICS_DIR, CLAIM_FILE}
 )
+# What a run holds once something wrote records to it (its claim aside).
+_RECORD_PARTS = (RUN_PARTS - {CLAIM_FILE}) | {STATUS_DIR}
 
 # One path component on common local filesystems (ext4, xfs, apfs, NTFS). Enforced on every
 # filesystem: a store is copied between disks and buckets, and torchx reads both.
@@ -537,6 +567,9 @@ class AsyncFsspecTracker(AsyncTrackerBase):
         self._storage = _Storage(fs, url)
         # The store's identity: parts of a batch done here are not done elsewhere.
         self.store_id = url
+        # This process's summary of each (run, writer token) it writes: touched on the loop
+        # only (write_batch and the direct calls), each behind its own lock.
+        self._tallies: dict[tuple[str, str], _Tally] = {}
 
     def _run_dir(self, run_id: str) -> str:
         return posixpath.join(self.root_dir, encode_run_id(run_id))
@@ -584,7 +617,10 @@ class AsyncFsspecTracker(AsyncTrackerBase):
         token). The end record of a batch is written by :meth:`write_batch`, named by the
         token of the pipeline that sealed it and stamped with its time: a replay of it
         (another process, ``async-tracker sync``) overwrites, never adds an ending."""
-        await self._write_status(run_id, reason, time.time(), _names.token)
+        await self._direct_tally(run_id)
+        when = time.time()
+        await self._write_status(run_id, reason, when, _names.token)
+        await self._count_direct(run_id, end=(reason, when, 0.0))
 
     async def claim_run(self, run_id: str, claim: Mapping[str, object]) -> bool:
         """Claims ``run_id`` by creating its ``claim.json`` (holding ``claim``) if absent, in
@@ -652,16 +688,7 @@ class AsyncFsspecTracker(AsyncTrackerBase):
                 return "crashed", max(t for _, (t, _) in beats)
             return "running", None
         skipped.warn()
-        endings = [ending for _, ending in parsed]
-        latest_start = max(started for _, _, started in endings)
-        # Ranks of one life end after every rank began; an ending before the latest start is
-        # an earlier life's. At least the latest ending is always kept.
-        last_life = [(s, t) for s, t, _ in endings if t >= latest_start] or [
-            max(((s, t) for s, t, _ in endings), key=lambda e: e[1])
-        ]
-        worst = max(_STATUS_RANK[s] for s, _ in last_life)
-        times = [t for s, t in last_life if _STATUS_RANK[s] == worst]
-        return next(s for s, r in _STATUS_RANK.items() if r == worst), max(times)
+        return _last_life_ending([ending for _, ending in parsed])
 
     # -- writes ---------------------------------------------------------------------------------
     async def write_batch(self, run_id: str, batch: Batch) -> None:
@@ -671,6 +698,10 @@ class AsyncFsspecTracker(AsyncTrackerBase):
             await self._write_batch(run_id, batch)
 
     async def _write_batch(self, run_id: str, batch: Batch) -> None:
+        found = _KEY_TOKEN.match(batch.key)
+        writer = found.group(1) if found else _names.token
+        tally = self._tally(run_id, writer)
+        await self._load_early(run_id, tally)
         if batch.metadata and "metadata" not in batch.done:
             tag = batch.key or batch.names.setdefault("metadata", _names.new())
             await self._write_metadata(run_id, batch.metadata, tag, batch.metadata_ns)
@@ -685,16 +716,98 @@ class AsyncFsspecTracker(AsyncTrackerBase):
             if part not in batch.done:
                 await self.add_source(run_id, src.source_run_id, src.artifact_name)
                 batch.done.add(part)
+        counted = tally.summary.counted(batch.key, batch.seq)
+        columns = (
+            _columns_by_name(batch.metric_rows())
+            if batch.points() and ("metrics" not in batch.done or not counted)
+            else {}
+        )
         if "metrics" not in batch.done and batch.points():
-            await self._write_segment(run_id, batch.metric_rows(), batch.names, batch.key)
+            await self._write_segment(
+                run_id, batch.metric_rows(), batch.names, batch.key, columns
+            )
             batch.done.add("metrics")
+        when = batch.end_time or time.time()
         if batch.end is not None and END_PART not in batch.done:
-            # Last: the run's end follows everything it recorded.
-            found = _KEY_TOKEN.match(batch.key)
-            writer = found.group(1) if found else _names.token
-            when = batch.end_time or time.time()
+            # The run's end follows everything it recorded (its summary aside).
             await self._write_status(run_id, batch.end, when, writer, batch.life_start)
             batch.done.add(END_PART)
+        # Last, at this flush boundary: the writer's summary with this batch counted (once,
+        # whatever was retried or replayed). A failure here fails the batch, whose retry
+        # skips the parts above and writes the summary again.
+        tag = batch.names.get("metadata") or batch.key
+        params = _stamped(batch.metadata, batch.metadata_ns, tag)
+        end = None if batch.end is None else (str(batch.end), when, batch.life_start)
+        await self._update_summary(
+            run_id, tally, None if counted else (batch.key, batch.seq, params, columns, end)
+        )
+        if batch.end is not None:
+            self._tallies.pop((run_id, writer), None)  # a later life reloads it from the store
+
+    def _tally(self, run_id: str, writer: str) -> _Tally:
+        tally = self._tallies.get((run_id, writer))
+        if tally is None:
+            tally = self._tallies[(run_id, writer)] = _Tally(
+                self._path(run_id, SUMMARY_DIR, f"{writer}.json")
+            )
+        return tally
+
+    async def _update_summary(self, run_id: str, tally: _Tally, batch: _Counted | None) -> None:
+        """Counts ``batch`` (key, seq, params, metric columns, end) in ``tally`` unless None
+        (already counted), and writes the summary. Under the tally's lock: the first use
+        loads what the writer's summary holds in the store (a replay by another process,
+        or a later life in this one, continues it), and each write encodes the summary as it
+        is then, so writes land in the order they were made and the last holds everything."""
+        await self._load(run_id, tally)
+        async with tally.lock:
+            if batch is not None:
+                key, seq, params, columns, end = batch
+                if not tally.summary.counted(key, seq):
+                    metrics, first = summarize_columns(columns)
+                    # The run started at its first record: a point's time, a metadata
+                    # call's stamp, or its end record's time.
+                    stamps = [ns / 1e9 for ns, _ in params.values()]
+                    first = min([first, *stamps, *((end[1],) if end is not None else ())])
+                    tally.summary = tally.summary.with_batch(
+                        time.time(), key=key, seq=seq, params=params, metrics=metrics,
+                        first_time=first if math.isfinite(first) else None, end=end,
+                    )  # fmt: skip
+            data = _encode_json(tally.summary.to_json(), tally.path)
+            await self._storage.put(tally.path, data, self._path(run_id, TMP_DIR))
+
+    async def _load(self, run_id: str, tally: _Tally) -> None:
+        """At a writer's first write to a run in this process, what its summary holds in the
+        store: a replay by another process, or a later life in this one, continues it. A run
+        with no summary at all that holds records already (before this writer's first
+        files) was written by an older version or by torchx: the summary says so
+        (``prior``), and readers summarise the run's files once (see :meth:`_rebuild`)."""
+        if tally.loaded:
+            return
+        async with tally.lock:
+            if tally.loaded:
+                return  # loaded by a call that held the lock meanwhile
+            folder = posixpath.dirname(tally.path)
+            try:
+                names = {name for name, _ in await self._storage.ls(folder)}
+            except NotADirectory:
+                names = set()
+            if posixpath.basename(tally.path) in names:
+                tally.summary = await self._stored_summary(tally.path) or tally.summary
+            elif not names:
+                entries = await self._listing_or_none(self._run_dir(run_id)) or []
+                if not _RECORD_PARTS.isdisjoint(name for name, _ in entries):
+                    tally.summary = dataclasses.replace(tally.summary, prior=True)
+            tally.loaded = True
+
+    async def _stored_summary(self, path: str) -> WriterSummary | None:
+        data = await self._storage.get(path)
+        if data is None:
+            return None
+        try:
+            return WriterSummary.from_json(orjson.loads(data))
+        except (*_UNPARSEABLE, orjson.JSONDecodeError) as exc:
+            logger.warning("async_tracker: %s is not a run summary, rewritten: %s", path, exc)
+            return None
 
     async def _write_metadata(
         self,
@@ -740,9 +853,15 @@ class AsyncFsspecTracker(AsyncTrackerBase):
         await self._storage.rm_many(stale)
 
     async def _write_segment(
-        self, run_id: str, metrics: Sequence[MetricRow], names: dict[str, str], key: str = ""
+        self,
+        run_id: str,
+        metrics: Sequence[MetricRow],
+        names: dict[str, str],
+        key: str = "",
+        columns: Mapping[str, _Columns] | None = None,
     ) -> None:
-        columns = _columns_by_name(metrics)
+        if columns is None:
+            columns = _columns_by_name(metrics)
         where = self._path(run_id, METRICS_DIR)
         data = b"".join(
             _encode_column(n, s, v, t, f"metric {n!r} in {where}")
@@ -759,7 +878,10 @@ class AsyncFsspecTracker(AsyncTrackerBase):
         )
 
     async def add_metadata(self, run_id: str, **kwargs: object) -> None:
-        await self._write_metadata(run_id, kwargs, _names.new())
+        await self._direct_tally(run_id)
+        tag = _names.new()
+        await self._write_metadata(run_id, kwargs, tag)
+        await self._count_direct(run_id, params=_stamped(kwargs, {}, tag))
 
     async def add_artifact(
         self, run_id: str, name: str, path: str, metadata: Mapping[str, object] | None = None
@@ -815,7 +937,36 @@ class AsyncFsspecTracker(AsyncTrackerBase):
         await self._storage.put(path, data, self._path(run_id, TMP_DIR))
 
     async def add_metrics(self, run_id: str, metrics: Sequence[TrackerMetric]) -> None:
-        await self._write_segment(run_id, metrics, {})
+        await self._direct_tally(run_id)
+        columns = _columns_by_name(metrics)
+        await self._write_segment(run_id, metrics, {}, "", columns)
+        await self._count_direct(run_id, columns=columns)
+
+    async def _direct_tally(self, run_id: str) -> _Tally:
+        """This process's summary of ``run_id``, loaded before a direct call's files."""
+        tally = self._tally(run_id, _names.token)
+        await self._load_early(run_id, tally)
+        return tally
+
+    async def _load_early(self, run_id: str, tally: _Tally) -> None:
+        """:meth:`_load` before a write's files, where it tells a run an older version wrote
+        from a new one. Its failure is left to the write, whose own error names the file it
+        was about; the summary's write loads it then (and may take the run's new files for
+        older ones: that costs readers one needless rebuild, never a wrong count)."""
+        with contextlib.suppress(BackendError):
+            await self._load(run_id, tally)
+
+    async def _count_direct(
+        self,
+        run_id: str,
+        params: Mapping[str, tuple[int, object]] | None = None,
+        columns: Mapping[str, _Columns] | None = None,
+        end: tuple[str, float, float] | None = None,
+    ) -> None:
+        """A direct call (torchx's API, not a batch) counted in this process's summary of
+        the run and written: each call is its own flush."""
+        tally = await self._direct_tally(run_id)
+        await self._update_summary(run_id, tally, ("", -1, params or {}, columns or {}, end))
 
     # -- reads ----------------------------------------------------------------------------------
     async def _read_files(
@@ -972,8 +1123,240 @@ class AsyncFsspecTracker(AsyncTrackerBase):
         skipped.warn()
         return {name: sort_points(p) for name, p in points.items()}
 
+    # -- summaries: the run list ----------------------------------------------------------------
+    async def run_summaries(self, now: float | None = None) -> list[RunSummary]:
+        """Every run's summary (in no particular order), from the writers' summary files:
+        one listing of the store, then per run a listing of ``summary/`` and a read of each
+        file in it (on local disk all of it in one worker-thread call).
+
+        The status comes from the summaries' endings, by :meth:`run_status`'s rules; a run
+        no summary says ended gets :meth:`run_status` itself (its status and heartbeat
+        files: ``running`` or ``crashed``, or an ending its summary does not hold yet). A
+        run without any summary (written before summaries existed, or by torchx) is
+        summarised from its files once, and that is written as ``summary/rebuilt.json`` if
+        the store takes it (a read-only store: rebuilt again at the next read)."""
+        now = time.time() if now is None else now
+        skipped = _Skipped()
+        if self._storage.stages:
+            found, bad = await run_blocking(
+                _scan_local, self.root_dir, endpoint=self._storage.endpoint
+            )
+            for path, why in bad:
+                skipped.add(path, why)
+        else:
+            found = await self._scan(skipped)
+        # Runs without any summary, or that a writer found with records and no summary.
+        missing = [
+            f for f in found
+            if f.rebuilt is None and (not f.writers or any(w.prior for w in f.writers.values()))
+        ]  # fmt: skip
+        rebuilt = await _gather_bounded([self._rebuild(f.run_id, skipped) for f in missing])
+        for f, writers in zip(missing, rebuilt):
+            f.rebuilt = writers  # None: not a run (a source's descendants alone)
+        runs = [f for f in found if f.writers or f.rebuilt is not None]
+        endings: list[tuple[str, float] | None] = []
+        for f in runs:
+            ended = [
+                (w.status, w.end, w.life_start)
+                for w in f.merged().values()
+                if w.status in _STATUS_RANK and w.end is not None
+            ]
+            endings.append(_last_life_ending(ended) if ended else None)
+        unended = [f.run_id for f, e in zip(runs, endings) if e is None]
+        statuses = dict(
+            zip(unended, await _gather_bounded([self.run_status(r, now) for r in unended]))
+        )
+        skipped.warn()
+        out = []
+        for f, ending in zip(runs, endings):
+            status, when = ending if ending is not None else statuses[f.run_id]
+            beat = when if status == "crashed" else None
+            out.append(merge(f.run_id, f.merged().values(), status, beat, when))
+        return out
+
+    async def _scan(self, skipped: _Skipped) -> list[_Found]:
+        try:
+            listing = await self._storage.ls(self.root_dir)
+        except NotADirectory:
+            skipped.add(self.root_dir, "a file where the store's directory should be")
+            return []
+        found: list[_Found] = []
+        for name, kind in listing:
+            run_id = decode_run_id(name)
+            if run_id is None:
+                skipped.add(posixpath.join(self.root_dir, name), "not a run: no base32 name")
+            elif kind != "directory":
+                skipped.add(posixpath.join(self.root_dir, name), "a file, not a run directory")
+            else:
+                found.append(_Found(run_id))
+        files = await _gather_bounded(
+            [self._read_files(self._path(f.run_id, SUMMARY_DIR), skipped) for f in found]
+        )
+        for f, (contents, _) in zip(found, files):
+            for name, data in contents:
+                why = f.add(name, data)
+                if why:
+                    skipped.add(self._path(f.run_id, SUMMARY_DIR, name), why)
+        return found
+
+    async def _rebuild(self, run_id: str, skipped: _Skipped) -> dict[str, WriterSummary] | None:
+        """The summary of each writer token found in the run's file names (``""`` for files
+        named otherwise: torchx's), from its metadata, metric segments and status files;
+        None if the directory is not a run's. Written as ``summary/rebuilt.json``, best
+        effort. Each writer's own summary replaces its part at read, so a writer that wrote
+        while this ran is never counted twice; a writer of an older version (or torchx's)
+        that writes after it is not seen by later reads (the rebuilt summary is not redone)."""
+        entries = await self._listing_or_none(self._run_dir(run_id))
+        if entries is None or RUN_PARTS.isdisjoint(name for name, _ in entries):
+            return None
+        present = {name for name, _ in entries}
+        meta_dir, seg_dir = self._path(run_id, METADATA_DIR), self._path(run_id, METRICS_DIR)
+        meta = (
+            await self._parsed(meta_dir, _parse_metadata, skipped)
+            if METADATA_DIR in present
+            else []
+        )
+        segments, _ = (
+            await self._read_files(seg_dir, skipped) if METRICS_DIR in present else ([], False)
+        )
+        ends = (
+            await self._parsed(self._path(run_id, STATUS_DIR), _parse_status, skipped)
+            if STATUS_DIR in present
+            else []
+        )
+        params: dict[str, dict[str, tuple[int, object]]] = {}
+        times: dict[str, list[float]] = {}
+        for name, values in sorted(meta, key=lambda e: _write_order(e[0])):
+            token, stamp = _file_token(name), _write_order(name)[0]
+            for key, value in values.items():
+                params.setdefault(token, {})[key] = (max(stamp, 0), value)
+            if stamp > 0:
+                times.setdefault(token, []).append(stamp / 1e9)
+        points: dict[str, dict[str, list[TrackerMetric]]] = {}
+        for name, data in segments:
+            parsed, bad = _parse_segment(data)
+            if bad:
+                skipped.add(posixpath.join(seg_dir, name), bad)
+            for metric, pts in parsed.items():
+                points.setdefault(_file_token(name), {}).setdefault(metric, []).extend(pts)
+        writers: dict[str, WriterSummary] = {}
+        for token in {*params, *points, *(n[: -len(".json")] for n, _ in ends)}:
+            # Segments read in write order: each metric's points in call order.
+            columns = {
+                metric: (
+                    [p.step for p in pts], [p.value for p in pts], [p.timestamp for p in pts]
+                )
+                for metric, pts in points.get(token, {}).items()
+            }
+            metrics, first = summarize_columns(columns)
+            stamps = times.get(token, [])
+            last = max((p.timestamp for pts in points.get(token, {}).values() for p in pts),
+                       default=None)  # fmt: skip
+            ending = next((e for n, e in ends if n == f"{token}.json"), None)
+            # As a writer counts it: its first record (a point, a metadata write, its end).
+            earliest = min([first, *stamps, *((ending[1],) if ending else ())])
+            start = earliest if math.isfinite(earliest) else None
+            updated = max(
+                [t for t in (last, *stamps, ending[1] if ending else None) if t is not None],
+                default=None,
+            )
+            writers[token] = WriterSummary(
+                start=start, updated=updated, params=params.get(token, {}), metrics=metrics,
+                status=ending[0] if ending else None, end=ending[1] if ending else None,
+                life_start=ending[2] if ending else 0.0,
+            )  # fmt: skip
+        path = self._path(run_id, SUMMARY_DIR, REBUILT_SUMMARY)
+        content = {"v": 1, "writers": {t: w.to_json() for t, w in writers.items()}}
+        try:
+            await self._put_json(run_id, path, content)
+        except BackendError as exc:  # a read-only store: rebuilt again next time
+            logger.debug("async_tracker: cannot keep the rebuilt summary %s: %s", path, exc)
+        return writers
+
     def __repr__(self) -> str:
         return f"AsyncFsspecTracker({type(self.fs).__name__}, {self.root_dir!r})"
+
+
+class _Found:
+    """One run directory's summary files as a read found them."""
+
+    def __init__(self, run_id: str) -> None:
+        self.run_id = run_id
+        self.writers: dict[str, WriterSummary] = {}
+        self.rebuilt: dict[str, WriterSummary] | None = None
+
+    def add(self, name: str, data: bytes) -> str:
+        """Takes the file ``name`` of ``summary/``; what is wrong with it ("" if nothing)."""
+        if not name.endswith(".json"):
+            return "not a run summary"
+        try:
+            content = orjson.loads(data)
+            if name == REBUILT_SUMMARY:
+                if not isinstance(content, dict) or content.get("v") != 1:
+                    raise ValueError("not a rebuilt run summary (version 1)")
+                self.rebuilt = {
+                    str(t): WriterSummary.from_json(w) for t, w in dict(content["writers"]).items()
+                }
+            else:
+                self.writers[name[: -len(".json")]] = WriterSummary.from_json(content)
+        except (*_UNPARSEABLE, orjson.JSONDecodeError) as exc:
+            return f"{type(exc).__name__}: {exc}"
+        return ""
+
+    def merged(self) -> dict[str, WriterSummary]:
+        """The writers' summaries: each writer's own, else the rebuilt one of its token."""
+        return {**(self.rebuilt or {}), **self.writers}
+
+
+def _scan_local(root: str) -> tuple[list[_Found], list[tuple[str, str]]]:
+    """:meth:`AsyncFsspecTracker._scan` on local disk, in one blocking call (a worker
+    thread's): os calls straight, no fsspec layer nor thread hop per file; 10,000 runs read
+    in a fraction of a second. Also what it skipped: ``(path, why)``."""
+    found: list[_Found] = []
+    bad: list[tuple[str, str]] = []
+    try:
+        entries = list(os.scandir(root))
+    except FileNotFoundError:
+        return [], []
+    except NotADirectoryError:
+        return [], [(root, "a file where the store's directory should be")]
+    for entry in entries:
+        run_id = decode_run_id(entry.name)
+        if run_id is None:
+            bad.append((entry.path, "not a run: no base32 name"))
+            continue
+        if not entry.is_dir():
+            bad.append((entry.path, "a file, not a run directory"))
+            continue
+        f = _Found(run_id)
+        found.append(f)
+        directory = os.path.join(entry.path, SUMMARY_DIR)
+        try:
+            names = os.listdir(directory)
+        except (FileNotFoundError, NotADirectoryError):
+            continue
+        for name in names:
+            path = os.path.join(directory, name)
+            try:
+                with open(path, "rb") as file:
+                    data = file.read()
+            except FileNotFoundError:
+                continue  # removed meanwhile
+            except IsADirectoryError:
+                bad.append((path, "a directory where files are kept"))
+                continue
+            why = f.add(name, data)
+            if why:
+                bad.append((path, why))
+    return found, bad
+
+
+def _file_token(name: str) -> str:
+    """The writer token in a file name of ours (metadata, segment, status), "" for another."""
+    if name.endswith(".json") and not _LEADING_DIGITS.match(name):
+        return name[: -len(".json")]  # status/<token>.json
+    found = _FILE_TOKEN.match(name)
+    return found.group(1) if found else ""
 
 
 # -- names and parsing ---------------------------------------------------------------------------
@@ -1009,6 +1392,46 @@ def _write_order(name: str) -> tuple[int, str]:
     """How metadata files order: by the time leading their name, then by name."""
     match = _LEADING_DIGITS.match(name)
     return (int(match[0]) if match else -1, name)
+
+
+def _last_life_ending(endings: Sequence[tuple[str, float, float]]) -> tuple[str, float]:
+    """The run's ending from its writers' ``(status, time, started)`` (at least one): the
+    worst ending of its last life, at the latest time of that ending."""
+    latest_start = max(started for _, _, started in endings)
+    # Ranks of one life end after every rank began; an ending before the latest start is
+    # an earlier life's. At least the latest ending is always kept.
+    last_life = [(s, t) for s, t, _ in endings if t >= latest_start] or [
+        max(((s, t) for s, t, _ in endings), key=lambda e: e[1])
+    ]
+    worst = max(_STATUS_RANK[s] for s, _ in last_life)
+    times = [t for s, t in last_life if _STATUS_RANK[s] == worst]
+    return next(s for s, r in _STATUS_RANK.items() if r == worst), max(times)
+
+
+# A batch to count in a writer's summary: key, seq, params, metric columns, end record.
+_Counted = tuple[
+    str, int, Mapping[str, tuple[int, object]], Mapping[str, _Columns],
+    "tuple[str, float, float] | None",
+]  # fmt: skip
+
+
+class _Tally:
+    """One writer's summary of one run, as this process keeps it (see
+    :meth:`AsyncFsspecTracker._update_summary`)."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.summary = WriterSummary()
+        self.loaded = False
+        self.lock = anyio.Lock()
+
+
+def _stamped(
+    metadata: Mapping[str, object], stamps: Mapping[str, int], tag: str
+) -> dict[str, tuple[int, object]]:
+    """Each key with the stamp of its write: the call's, else the time leading ``tag``."""
+    default = int(tag[:19]) if tag[:19].isdigit() else time.time_ns()
+    return {k: (stamps.get(k, default), v) for k, v in metadata.items()}
 
 
 class _Skipped:

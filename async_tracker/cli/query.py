@@ -19,61 +19,86 @@ from async_tracker.cli.common import (
     check_known,
     resolve_runs,
     run_query,
-    run_status,
     table,
     to_json,
+    warn,
 )
 from async_tracker.records import TrackerMetric, TrackerSource
+from async_tracker.store.runs import differing_params, newest_first, read_runs
+from async_tracker.store.summary import MetricSummary, RunSummary
 
 
 def cmd_jobs(t: TrackerBase, args: argparse.Namespace) -> tuple[object, str]:
-    ids = list(t.run_ids(parent_run_id=args.parent_run_id) if args.parent_run_id else t.run_ids())
-    runs = [run_row(t, run_id) for run_id in ids]
+    runs = read_runs(t)
+    if args.parent_run_id:
+        children = set(t.run_ids(parent_run_id=args.parent_run_id))
+        runs = [r for r in runs if r.run_id in children]
+    if args.limit < 0:
+        raise CliError(f"--limit must be 0 (all) or more, got {args.limit}")
+    ordered = newest_first(runs)
+    shown = ordered[: args.limit] if args.limit else ordered
+    left_out = len(ordered) - len(shown)
+    keys = differing_params(shown)[:MAX_PARAMS]
     rows = [
         [
-            r["run_id"],
-            _time(r["start"]),
-            _duration(r["duration_s"]),
-            r["status"],
-            _pairs(_few_params(r["params"])),
-            _pairs(dict(list(r["metrics"].items())[:MAX_COLUMNS])),
+            r.run_id,
+            _time(r.start),
+            _duration(r.duration_s),
+            r.status,
+            _pairs({k: r.params[k] for k in keys if k in r.params}),
+            _pairs({n: m.last for n, m in list(r.metrics.items())[:MAX_COLUMNS]}),
         ]
-        for r in runs
+        for r in shown
     ]
     headers = ["RUN ID", "STARTED", "DURATION", "STATUS", "PARAMS", "LAST METRICS"]
-    return runs, table(headers, rows)
+    text = table(headers, rows)
+    if left_out:
+        text += (
+            f"\n({left_out} older run{'s' if left_out > 1 else ''} not shown: "
+            f"--limit N shows more, --limit 0 all)"
+        )
+        if args.json:
+            warn(f"{left_out} older runs not listed (--limit 0 lists all)")
+    return [summary_row(r) for r in shown], text
 
 
-# At most this many params and metrics in a row of ``list jobs`` (--json has them all).
+# At most this many metrics in a row of ``list jobs``, and params that differ between the
+# runs listed (--json has them all).
 MAX_COLUMNS = 3
+MAX_PARAMS = 6
+DEFAULT_LIMIT = 50
 
 
 def run_row(t: TrackerBase, run_id: str) -> dict[str, Any]:
-    """What ``list jobs`` shows of a run. Start and end come from its metric timestamps (the
-    client's clock at each log call), the end from its recorded ending when there is one."""
-    curves = read_metrics(t, run_id) if callable(getattr(t, "metrics", None)) else {}
-    stamps = [p.timestamp for pts in curves.values() for p in pts]
-    ended = run_status(t, run_id)
-    status, end = ended if ended is not None else ("", None)
-    start = min(stamps) if stamps else None
-    if end is None and stamps:
-        end = max(stamps)
+    """:func:`summary_row` of the run ``run_id`` (a CliError if the store lacks it)."""
+    for r in read_runs(t):
+        if r.run_id == run_id:
+            return summary_row(r)
+    raise CliError(f"unknown run id {run_id!r}: `async-tracker list jobs` lists the runs")
+
+
+def summary_row(r: RunSummary) -> dict[str, Any]:
+    """What ``list jobs --json`` gives of a run: every field of its summary. ``metrics``
+    holds each metric's last value, ``metric_summaries`` its last, min, max, count and last
+    step. ``start`` is its first point's time (or its first write's), ``end`` when it
+    ended (None while running), ``heartbeat`` when a writer last wrote or beat."""
     return {
-        "run_id": run_id,
-        "start": start,
-        "end": end,
-        "duration_s": end - start if start is not None and end is not None else None,
-        "status": status,
-        "params": dict(t.metadata(run_id)),
-        "metrics": {name: pts[-1].value for name, pts in curves.items()},
+        "run_id": r.run_id,
+        "start": r.start,
+        "end": r.end,
+        "duration_s": r.duration_s,
+        "status": r.status,
+        "heartbeat": r.heartbeat,
+        "params": dict(r.params),
+        "tags": sorted(r.tags),
+        "note": r.note,
+        "metrics": {name: m.last for name, m in r.metrics.items()},
+        "metric_summaries": {name: _stats_of(m) for name, m in r.metrics.items()},
     }
 
 
-def _few_params(params: dict[str, object]) -> dict[str, object]:
-    """The ``MAX_COLUMNS`` params with the shortest values (first keys first among equals),
-    in their recorded order: short values are the hyperparameters a person scans for."""
-    shortest = sorted(params, key=lambda k: len(cell(params[k])))[:MAX_COLUMNS]
-    return {k: params[k] for k in params if k in shortest}
+def _stats_of(m: MetricSummary) -> dict[str, object]:
+    return {"last": m.last, "min": m.min, "max": m.max, "count": m.count, "last_step": m.last_step}
 
 
 def _pairs(values: dict[str, object]) -> str:
@@ -232,9 +257,17 @@ def register(
     jobs = ls_sub.add_parser(
         "jobs",
         parents=[common],
-        help="runs: id, start, duration, status, a few params, last metrics",
+        help="runs, newest first: id, start, duration, status, params that differ, last "
+        "metrics",
     )
     jobs.add_argument("--parent-run-id", help="only the runs with this parent")
+    jobs.add_argument(
+        "--limit",
+        type=int,
+        default=DEFAULT_LIMIT,
+        metavar="N",
+        help=f"the N newest runs (default: {DEFAULT_LIMIT}; 0: all)",
+    )
     jobs.set_defaults(func=run_query(cmd_jobs))
     md = ls_sub.add_parser("metadata", parents=[common], help="a run's metadata")
     md.add_argument("RUN_ID")

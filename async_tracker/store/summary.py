@@ -9,8 +9,9 @@ so that every backend and reader shares them.
 
 from __future__ import annotations
 
+import dataclasses
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -37,7 +38,10 @@ class MetricSummary:
     @classmethod
     def from_json(cls, data: Any) -> MetricSummary:
         last, lo, hi, count, step = data
-        return cls(_float(last), _opt_float(lo), _opt_float(hi), int(count), int(step))
+        return cls(
+            float(last), None if lo is None else float(lo), None if hi is None else float(hi),
+            int(count), int(step),
+        )  # fmt: skip
 
     def add(self, value: float, step: int) -> MetricSummary:
         """This summary with one more point."""
@@ -73,7 +77,16 @@ class WriterSummary:
     ``params`` holds the metadata keys it wrote with the hybrid-clock stamp of each
     (``{key: [stamp_ns, value]}``), so that merging keeps each key's latest write across
     processes. Times are seconds since the epoch; ``end``/``status`` are None while the
-    writer has not ended the run."""
+    writer has not ended the run, and ``life_start`` is when the life that ended began (the
+    store's "last life" rule, see its ``run_status``).
+
+    ``seq`` and ``keys`` say which batches it counts, so that a batch written twice (a retry,
+    a replay from the spool by another process) is counted once: batches of one writer come
+    in sequence order, so a batch below ``seq`` was counted, and ``keys`` holds the keys
+    counted at ``seq`` itself (the parts of a batch split by the lane share its number).
+
+    JSON (version 1): unknown keys are ignored and keys added later are optional, so a
+    reader reads summaries written by older and newer writers of version 1."""
 
     start: float | None = None
     updated: float | None = None
@@ -84,6 +97,12 @@ class WriterSummary:
     untagged: frozenset[str] = frozenset()
     note: tuple[int, str] | None = None  # (stamp_ns, text)
     metrics: Mapping[str, MetricSummary] = field(default_factory=dict)
+    life_start: float = 0.0
+    seq: int = -1
+    keys: frozenset[str] = frozenset()
+    # The run held records before this writer's first write and no summary: written by an
+    # older version (or torchx), which a reader summarises from the run's files.
+    prior: bool = False
 
     def to_json(self) -> dict[str, object]:
         return {
@@ -92,6 +111,10 @@ class WriterSummary:
             "updated": self.updated,
             "end": self.end,
             "status": self.status,
+            "started": self.life_start,
+            "seq": self.seq,
+            "keys": sorted(self.keys),
+            "prior": self.prior,
             "params": {k: [ns, v] for k, (ns, v) in self.params.items()},
             "tags": sorted(self.tags),
             "untagged": sorted(self.untagged),
@@ -105,20 +128,91 @@ class WriterSummary:
         one (a reader skips such a file with a warning)."""
         if not isinstance(data, dict) or data.get("v") != 1:
             raise ValueError("not a run summary (version 1)")
-        note = data.get("note")
+        note, get = data.get("note"), data.get
+        start, updated, end, status = get("start"), get("updated"), get("end"), get("status")
+        # JSON object keys are text already; numbers come as numbers (or 'nan'/'inf' text).
         return cls(
-            start=_opt_float(data.get("start")),
-            updated=_opt_float(data.get("updated")),
-            end=_opt_float(data.get("end")),
-            status=None if data.get("status") is None else str(data["status"]),
-            params={str(k): (int(ns), v) for k, (ns, v) in dict(data["params"]).items()},
-            tags=frozenset(str(t) for t in data.get("tags", ())),
-            untagged=frozenset(str(t) for t in data.get("untagged", ())),
+            start=None if start is None else float(start),
+            updated=None if updated is None else float(updated),
+            end=None if end is None else float(end),
+            status=None if status is None else str(status),
+            params={k: (int(ns), v) for k, (ns, v) in data["params"].items()},
+            tags=_texts(get("tags")),
+            untagged=_texts(get("untagged")),
             note=None if note is None else (int(note[0]), str(note[1])),
-            metrics={
-                str(name): MetricSummary.from_json(m) for name, m in dict(data["metrics"]).items()
-            },
+            metrics={name: MetricSummary.from_json(m) for name, m in data["metrics"].items()},
+            life_start=float(get("started") or 0.0),
+            seq=int(get("seq", -1)),
+            keys=_texts(get("keys")),
+            prior=bool(get("prior", False)),
         )
+
+    def counted(self, key: str, seq: int) -> bool:
+        """Whether the batch ``key`` (number ``seq``) is counted here already. A batch
+        without a key (a direct call) is never taken for a repeat."""
+        return bool(key) and (seq < self.seq or (seq == self.seq and key in self.keys))
+
+    def with_batch(
+        self,
+        now: float,
+        *,
+        key: str = "",
+        seq: int = -1,
+        params: Mapping[str, tuple[int, object]] | None = None,
+        metrics: Mapping[str, MetricSummary] | None = None,
+        first_time: float | None = None,
+        end: tuple[str, float, float] | None = None,
+    ) -> WriterSummary:
+        """This summary with one more batch counted: its params (``{key: (stamp_ns,
+        value)}``), its metrics' summaries (:func:`summarize_columns`), the time of its
+        earliest point, and its end record ``(status, time, life_start)``. ``start`` is the
+        earliest point's time, or the first write's (``now``) for a writer with no points."""
+        merged_params = dict(self.params)
+        for name, (ns, value) in (params or {}).items():
+            if name not in merged_params or ns >= merged_params[name][0]:
+                merged_params[name] = (ns, value)
+        merged_metrics = dict(self.metrics)
+        for name, m in (metrics or {}).items():
+            merged_metrics[name] = merged_metrics[name].merge(m) if name in merged_metrics else m
+        start = self.start if self.start is not None else now
+        if first_time is not None:
+            start = min(start, first_time)
+        changes: dict[str, Any] = {
+            "start": start, "updated": now, "params": merged_params, "metrics": merged_metrics,
+        }  # fmt: skip
+        if end is not None:
+            changes.update(status=end[0], end=end[1], life_start=end[2])
+        if key:
+            if seq > self.seq:
+                changes.update(seq=seq, keys=frozenset([key]))
+            else:
+                changes.update(keys=self.keys | {key})
+        return dataclasses.replace(self, **changes)
+
+
+_Columns = tuple[Sequence[int], Sequence[float], Sequence[float]]
+
+
+def summarize_columns(columns: Mapping[str, _Columns]) -> tuple[dict[str, MetricSummary], float]:
+    """The summary of each metric's points (``{name: (steps, values, times)}``, each name's
+    points in call order) and the earliest point's time (``inf`` for none). C loops (min,
+    max, index), no Python loop per point: the flusher shares the GIL with training."""
+    out: dict[str, MetricSummary] = {}
+    first = math.inf
+    for name, (steps, values, times) in columns.items():
+        if not steps:
+            continue
+        top = max(steps)
+        # The last point logged at the highest step: most often the last point.
+        at = len(steps) - 1 if steps[-1] == top else len(steps) - 1 - steps[::-1].index(top)
+        if math.isnan(sum(values)):  # a NaN (or inf and -inf): min/max ignore NaN
+            finite = [v for v in values if not math.isnan(v)]
+            lo, hi = (min(finite), max(finite)) if finite else (None, None)
+        else:
+            lo, hi = min(values), max(values)
+        out[name] = MetricSummary(float(values[at]), lo, hi, len(steps), int(top))
+        first = min(first, min(times))
+    return out, first
 
 
 @dataclass(frozen=True)
@@ -186,6 +280,13 @@ def merge(
     )
 
 
+_NONE: frozenset[str] = frozenset()
+
+
+def _texts(values: Any) -> frozenset[str]:
+    return frozenset(map(str, values)) if values else _NONE
+
+
 def _opt(pick: Any, a: float | None, b: float | None) -> float | None:
     if a is None:
         return b
@@ -209,4 +310,6 @@ def _opt_float(value: object) -> float | None:
     return None if value is None else _float(value)
 
 
-__all__ = ["STATUSES", "MetricSummary", "RunSummary", "WriterSummary", "merge"]
+__all__ = [
+    "STATUSES", "MetricSummary", "RunSummary", "WriterSummary", "merge", "summarize_columns",
+]

@@ -66,7 +66,8 @@ def test_the_readme_steps_work_as_written(isolated: Path) -> None:
     fast = next(r for i, r in rows.items() if i.startswith("mnist/lr-0.1-"))
     slow = next(r for i, r in rows.items() if i.startswith("mnist/lr-0.01-"))
     for row in (fast, slow):
-        assert "finished" in row and "epochs=3" in row
+        # PARAMS shows the params that differ between the runs listed: lr, not epochs.
+        assert "finished" in row and "epochs=" not in row
     assert "lr=0.1 " in fast and f"loss={0.9**100:.6g}" in fast
     assert "lr=0.01 " in slow and f"loss={0.99**100:.6g}" in slow
 

@@ -63,8 +63,8 @@ def test_list_jobs_json_has_every_column(
     assert parent["metrics"] == {"loss": 0.1, "accuracy": 0.9, "grad_norm": 2.0}
     assert parent["start"] <= parent["end"]
     assert parent["duration_s"] == parent["end"] - parent["start"]
-    # No metric: no start, but the run ended.
-    assert rows[EMPTY]["start"] is None and rows[EMPTY]["duration_s"] is None
+    # No metric: it started at its first write (its metadata), and it ended.
+    assert rows[EMPTY]["start"] <= rows[EMPTY]["end"] and rows[EMPTY]["duration_s"] >= 0
     assert rows[EMPTY]["status"] == "finished"
 
 

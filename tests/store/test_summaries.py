@@ -1,0 +1,286 @@
+"""Run summaries kept by their writers in the fsspec store and read by the run list: written
+at flush boundaries (one small write per batch, never per point), merged across real
+processes writing one run, kept by a run whose process was SIGKILLed (then crashed per its
+heartbeats), a batch written twice (retry, replay by another process) counted once, and runs
+without any summary (older stores, torchx's) rebuilt once."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+import fsspec
+from fsspec.implementations.local import LocalFileSystem
+
+from async_tracker import AppRun
+from async_tracker.backend.fsspec import (
+    REBUILT_SUMMARY,
+    SUMMARY_DIR,
+    AsyncFsspecTracker,
+    FsspecTracker,
+    encode_run_id,
+)
+from async_tracker.init_run import open_store
+from async_tracker.records import Batch, TrackerMetric
+from async_tracker.runtime.process import runtime
+from async_tracker.store.summary import RunSummary
+from tests.core.helpers import Child, wait_until
+
+RUN = "proj/run-1"
+
+
+def summaries(root: Path | str, now: float | None = None) -> dict[str, RunSummary]:
+    store = open_store(str(root))
+    assert isinstance(store, AsyncFsspecTracker)
+    return {r.run_id: r for r in runtime().loop.call(store.run_summaries, now)}
+
+
+def summary_dir(root: Path, run_id: str = RUN) -> Path:
+    return root / encode_run_id(run_id) / SUMMARY_DIR
+
+
+class CountingFS(LocalFileSystem):  # type: ignore[misc]  # fsspec is untyped
+    """The local filesystem, counting the files it puts in place under a ``summary/``
+    folder (a staged write ends with a move; an unstaged one is a pipe)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.summary_writes = 0
+
+    def mv(self, path1: Any, path2: Any, **kwargs: Any) -> None:
+        if f"/{SUMMARY_DIR}/" in str(path2):
+            self.summary_writes += 1
+        super().mv(path1, path2, **kwargs)
+
+
+class CountingTracker(AsyncFsspecTracker):
+    """The fsspec backend, counting the batches it is given."""
+
+    def __init__(self, fs: fsspec.AbstractFileSystem, root: str) -> None:
+        super().__init__(fs, root)
+        self.batches = 0
+
+    async def write_batch(self, run_id: str, batch: Batch) -> None:
+        self.batches += 1
+        await super().write_batch(run_id, batch)
+
+
+def test_the_summary_is_written_once_per_batch_never_per_point(tmp_path: Path) -> None:
+    fs = CountingFS(skip_instance_cache=True)
+    backend = CountingTracker(fs, str(tmp_path / "runs"))
+    run = AppRun(RUN, [backend], spool_dir=str(tmp_path / "spool"), heartbeat_s=0)
+    run.add_metadata(lr=0.1)
+    for flush in range(5):
+        for step in range(flush * 200, (flush + 1) * 200):
+            run.log_metric("loss", 1.0 / (step + 1), step=step)
+        assert run.flush(30).ok
+        (found,) = summaries(tmp_path / "runs").values()
+        # After each flush the summary holds every point flushed so far.
+        assert found.metrics["loss"].count == (flush + 1) * 200
+        assert found.metrics["loss"].last_step == (flush + 1) * 200 - 1
+    run.close(30)
+    assert backend.batches >= 6  # five flushes and the end record
+    assert fs.summary_writes == backend.batches  # one per batch: 1,000 points, no more
+    (found,) = summaries(tmp_path / "runs").values()
+    assert found.status == "finished" and found.params == {"lr": 0.1}
+    loss = found.metrics["loss"]
+    assert (loss.count, loss.last, loss.min, loss.max) == (1000, 1 / 1000, 1 / 1000, 1.0)
+
+
+# A rank of a job (argv: store, rank): logs its own metric and a shared one, then closes.
+RANK = """
+import sys
+import async_tracker
+store, rank = sys.argv[1], int(sys.argv[2])
+with async_tracker.init("proj", dir=store, id="proj/run-1", resume="allow",
+                        config={f"rank{rank}": rank, "shared": rank}) as run:
+    for step in range(50):
+        run.log_metric(f"own{rank}", float(step), step=step)
+        run.log_metric("shared", float(rank * 100 + step), step=step)
+        if step % 10 == 9:
+            run.flush(30)
+print("done", flush=True)
+"""
+
+
+def test_summaries_of_two_processes_writing_one_run_merge(tmp_path: Path) -> None:
+    root = tmp_path / "runs"
+    ranks = [Child(RANK, str(root), str(rank)) for rank in (0, 1)]
+    try:
+        for child in ranks:
+            assert child.readline(60) == "done"
+            assert child.wait(60) == 0
+    finally:
+        for child in ranks:
+            child.close()
+    assert len(list(summary_dir(root).iterdir())) == 2  # one per process
+    run = summaries(root)[RUN]
+    assert run.status == "finished"
+    assert {run.params["rank0"], run.params["rank1"]} == {0, 1}
+    assert run.metrics["own0"].count == run.metrics["own1"].count == 50
+    shared = run.metrics["shared"]
+    assert (shared.count, shared.min, shared.max, shared.last_step) == (100, 0.0, 149.0, 49)
+    # What the full read of the run says, the summary says.
+    store = FsspecTracker(fsspec.filesystem("file"), str(root))
+    assert len(store.metrics(RUN)["shared"]) == shared.count
+
+
+# A job (argv: store, spool) that logs, flushes, says "ready" and waits to be SIGKILLed.
+DOOMED = """
+import sys, time
+from async_tracker import AppRun
+from async_tracker.init_run import open_store
+run = AppRun("proj/run-1", [open_store(sys.argv[1])], spool_dir=sys.argv[2], heartbeat_s=0.5)
+run.add_metadata(lr=0.5)
+for step in range(30):
+    run.log_metric("loss", float(30 - step), step=step)
+assert run.flush(30).ok
+print("ready", flush=True)
+while True:
+    time.sleep(0.01)
+"""
+
+
+def test_a_sigkilled_run_is_listed_with_what_it_wrote_and_crashed(tmp_path: Path) -> None:
+    root = tmp_path / "runs"
+    beats = root / encode_run_id(RUN) / "heartbeat"
+    job = Child(DOOMED, str(root), str(tmp_path / "spool"))
+    try:
+        assert job.readline(60) == "ready"
+        wait_until(lambda: beats.is_dir() and any(beats.iterdir()), "a heartbeat")
+        assert summaries(root)[RUN].status == "running"
+        os.kill(job.proc.pid, signal.SIGKILL)
+        assert job.wait(60) == -signal.SIGKILL
+    finally:
+        job.close()
+    (beat,) = beats.iterdir()
+    last = json.loads(beat.read_text())["time"]
+    assert summaries(root, now=last + 1.0)[RUN].status == "running"  # within 3 intervals
+    run = summaries(root, now=last + 1.6)[RUN]
+    assert run.status == "crashed" and run.heartbeat == last and run.end is None
+    assert run.params == {"lr": 0.5}
+    loss = run.metrics["loss"]
+    assert (loss.count, loss.last, loss.min, loss.last_step) == (30, 1.0, 1.0, 29)
+
+
+def keyed_batch(token: str, seq: int, steps: range, part: str = "") -> Batch:
+    """A batch as a pipeline cuts it: its key names its writer and number."""
+    key = f"{time.time_ns():019d}-{token}-{seq:012d}{part}"
+    points = [TrackerMetric("loss", float(s), s, 1000.0 + s) for s in steps]
+    return Batch(seq, metrics=points, records=len(points), first=seq - len(points) + 1, key=key)
+
+
+def test_a_batch_written_twice_counts_once(tmp_path: Path) -> None:
+    root = str(tmp_path / "runs")
+    token = "1795000000000000000xabc123"
+    writer = AsyncFsspecTracker(fsspec.filesystem("file"), root)
+    first, second = keyed_batch(token, 9, range(10)), keyed_batch(token, 19, range(10, 20))
+    loop = runtime().loop
+    loop.call(writer.write_batch, RUN, first)
+    loop.call(writer.write_batch, RUN, second)
+    # A retry after a partial write (done marks lost), by the same process.
+    loop.call(writer.write_batch, RUN, first.for_lane())
+    assert summaries(root)[RUN].metrics["loss"].count == 20
+    # A replay of both by another process (`async-tracker sync`): it continues the
+    # writer's summary from the store, and counts nothing twice.
+    replayer = AsyncFsspecTracker(fsspec.filesystem("file"), root)
+    loop.call(replayer.write_batch, RUN, first.for_lane())
+    loop.call(replayer.write_batch, RUN, second.for_lane())
+    # Parts of a batch the lane split share its number: both count, once each.
+    for part in (".0", ".1"):
+        batch = keyed_batch(token, 29, range(20 + 5 * int(part[1]), 25 + 5 * int(part[1])), part)
+        loop.call(replayer.write_batch, RUN, batch)
+        loop.call(replayer.write_batch, RUN, batch.for_lane())
+    loss = summaries(root)[RUN].metrics["loss"]
+    assert (loss.count, loss.last_step) == (30, 29)
+    stored = FsspecTracker(fsspec.filesystem("file"), root).metrics(RUN)["loss"]
+    assert [p.step for p in stored] == list(range(30))
+    assert [p.name for p in summary_dir(tmp_path / "runs").iterdir()] == [f"{token}.json"]
+
+
+def write_run(root: Path, run_id: str = RUN, points: int = 20) -> None:
+    with AppRun(run_id, [open_store(root)], heartbeat_s=0) as run:
+        run.add_metadata(lr=0.1, epochs=3)
+        for step in range(points):
+            run.log_metric("loss", float(points - step), step=step)
+
+
+def test_a_run_without_summaries_is_rebuilt_once(tmp_path: Path) -> None:
+    root = tmp_path / "runs"
+    write_run(root)
+    expected = summaries(root)[RUN]
+    kept = {p.name: p.read_bytes() for p in summary_dir(root).iterdir()}
+    for p in summary_dir(root).iterdir():  # as a store written before summaries existed
+        p.unlink()
+    rebuilt_at = summary_dir(root) / REBUILT_SUMMARY
+    found = summaries(root)[RUN]
+    assert rebuilt_at.exists()
+    assert (found.status, found.params, found.metrics) == (
+        expected.status, expected.params, expected.metrics,
+    )  # fmt: skip
+    assert found.start == expected.start and found.end == expected.end
+    # Read again: from the rebuilt summary, not rebuilt again (the file is not rewritten).
+    inode = rebuilt_at.stat().st_ino
+    assert summaries(root)[RUN] == found
+    assert rebuilt_at.stat().st_ino == inode
+    # A writer whose own summary lands after the rebuild (it was writing meanwhile): its
+    # summary replaces its part of the rebuilt one, nothing counts twice.
+    for name, data in kept.items():
+        (summary_dir(root) / name).write_bytes(data)
+    assert summaries(root)[RUN].metrics == expected.metrics
+
+
+def test_a_run_written_by_the_direct_api_only_is_summarised(tmp_path: Path) -> None:
+    # torchx's API (FsspecTracker's methods, no pipeline): each call is its own flush.
+    root = tmp_path / "runs"
+    store = FsspecTracker(fsspec.filesystem("file"), str(root))
+    store.add_metadata(RUN, lr=0.3)
+    store.add_metrics(RUN, [TrackerMetric("acc", 0.5, 0, 10.0), TrackerMetric("acc", 0.7, 1, 11)])
+    store.add_metadata(RUN, lr=0.4)
+    run = summaries(root)[RUN]
+    assert run.params == {"lr": 0.4} and run.metrics["acc"].count == 2
+    assert run.start == 10.0 and run.status == "running"
+    assert not (summary_dir(root) / REBUILT_SUMMARY).exists()
+
+
+def test_a_directory_that_is_no_run_is_not_listed(tmp_path: Path) -> None:
+    root = tmp_path / "runs"
+    write_run(root)
+    # A source of lineage that never ran here: only its descendants folder.
+    other = root / encode_run_id("dataset/v1") / "descendants"
+    other.mkdir(parents=True)
+    (other / "x").write_text("")
+    assert set(summaries(root)) == {RUN}
+    assert not (root / encode_run_id("dataset/v1") / SUMMARY_DIR).exists()
+
+
+def test_an_old_run_resumed_by_a_new_writer_lists_both(tmp_path: Path) -> None:
+    root = tmp_path / "runs"
+    write_run(root, points=20)
+    for p in summary_dir(root).iterdir():  # the first life, written before summaries existed
+        p.unlink()
+    with AppRun(RUN, [open_store(root)], heartbeat_s=0) as run:  # a new version resumes it
+        run.add_metadata(lr=0.2, stage=2)
+        for step in range(20, 30):
+            run.log_metric("loss", 0.5, step=step)
+    (own,) = summary_dir(root).iterdir()
+    assert json.loads(own.read_text())["prior"] is True
+    found = summaries(root)[RUN]
+    assert found.params == {"lr": 0.2, "epochs": 3, "stage": 2}
+    loss = found.metrics["loss"]
+    assert (loss.count, loss.last, loss.min, loss.max, loss.last_step) == (30, 0.5, 0.5, 20, 29)
+    assert (summary_dir(root) / REBUILT_SUMMARY).exists()
+    assert summaries(root)[RUN] == found  # from the rebuilt summary and the writer's own
+
+
+def test_a_new_run_is_not_rebuilt(tmp_path: Path) -> None:
+    root = tmp_path / "runs"
+    write_run(root)
+    (own,) = summary_dir(root).iterdir()
+    assert json.loads(own.read_text())["prior"] is False
+    summaries(root)
+    assert not (summary_dir(root) / REBUILT_SUMMARY).exists()

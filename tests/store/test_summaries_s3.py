@@ -1,0 +1,92 @@
+"""The run list on S3 (moto's server), requests counted at s3fs's one entry for requests:
+one listing of the store, then per run one listing of its ``summary/`` folder and one read
+of each writer's summary; a run without summaries costs its rebuild once, then the same."""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+import fsspec.config
+import pytest
+
+from async_tracker import AppRun
+from async_tracker.backend.fsspec import (
+    REBUILT_SUMMARY,
+    SUMMARY_DIR,
+    AsyncFsspecTracker,
+    encode_run_id,
+)
+from async_tracker.init_run import open_store
+from async_tracker.runtime.process import runtime
+from async_tracker.store.summary import RunSummary
+from tests.fsspec.conftest import _s3_credentials, make_bucket, s3_endpoint  # noqa: F401
+
+s3fs = pytest.importorskip("s3fs")
+
+
+@contextlib.contextmanager
+def counting() -> Iterator[collections.Counter[str]]:
+    """The S3 requests made meanwhile, by operation (retries aside: one call per request)."""
+    real = s3fs.S3FileSystem._call_s3
+    calls: collections.Counter[str] = collections.Counter()
+
+    async def counted(fs: Any, method: Any, *args: Any, **kwargs: Any) -> Any:
+        calls[method if isinstance(method, str) else getattr(method, "__name__", "?")] += 1
+        return await real(fs, method, *args, **kwargs)
+
+    s3fs.S3FileSystem._call_s3 = counted
+    try:
+        yield calls
+    finally:
+        s3fs.S3FileSystem._call_s3 = real
+
+
+@pytest.fixture
+def store(s3_endpoint: str, monkeypatch: pytest.MonkeyPatch) -> str:  # noqa: F811
+    monkeypatch.setitem(fsspec.config.conf, "s3", {
+        "key": "testing", "secret": "testing", "skip_instance_cache": True,
+        "client_kwargs": {"endpoint_url": s3_endpoint, "region_name": "us-east-1"},
+    })  # fmt: skip
+    return f"s3://{make_bucket(s3_endpoint)}/runs"
+
+
+def listed(url: str) -> tuple[dict[str, RunSummary], collections.Counter[str]]:
+    backend = open_store(url)
+    assert isinstance(backend, AsyncFsspecTracker)
+    with counting() as calls:
+        runs = runtime().loop.call(backend.run_summaries)
+    return {r.run_id: r for r in runs}, calls
+
+
+RUNS = 6
+
+
+def test_listing_costs_one_listing_plus_one_of_each_run_and_a_read_per_writer(store: str) -> None:
+    for i in range(RUNS):
+        with AppRun(f"proj/r{i}", [open_store(store)], heartbeat_s=0) as run:
+            run.add_metadata(lr=0.1 * (i + 1))
+            for step in range(10):
+                run.log_metric("loss", float(step), step=step)
+    runs, calls = listed(store)
+    assert set(runs) == {f"proj/r{i}" for i in range(RUNS)}
+    assert all(r.status == "finished" and r.metrics["loss"].count == 10 for r in runs.values())
+    # The store's listing, and per run its summary folder's listing and its one summary.
+    assert calls == {"list_objects_v2": 1 + RUNS, "get_object": RUNS}, calls
+
+    # A run written before summaries existed: rebuilt once (more requests), then like others.
+    fs = open_store(store).fs
+    rebuilt_id = "proj/r0"
+    folder = f"{store.removeprefix('s3://')}/{encode_run_id(rebuilt_id)}/{SUMMARY_DIR}"
+    fs.rm(folder, recursive=True)
+    fs.invalidate_cache()
+    runs_after, first = listed(store)
+    assert runs_after[rebuilt_id].metrics == runs[rebuilt_id].metrics
+    assert runs_after[rebuilt_id].params == runs[rebuilt_id].params
+    assert runs_after[rebuilt_id].status == "finished"
+    assert first["put_object"] == 1  # the rebuilt summary
+    assert fs.exists(f"{folder}/{REBUILT_SUMMARY}")
+    _, again = listed(store)
+    assert again == {"list_objects_v2": 1 + RUNS, "get_object": RUNS}, again
