@@ -24,8 +24,10 @@ from async_tracker.cli.common import (
     warn,
 )
 from async_tracker.records import TrackerMetric, TrackerSource
-from async_tracker.store.runs import differing_params, newest_first, read_runs
+from async_tracker.store.expr import FilterError, differing_params
+from async_tracker.store.runs import read_runs, select
 from async_tracker.store.summary import MetricSummary, RunSummary
+from async_tracker.tags import split_metadata
 
 
 def cmd_jobs(t: TrackerBase, args: argparse.Namespace) -> tuple[object, str]:
@@ -35,10 +37,14 @@ def cmd_jobs(t: TrackerBase, args: argparse.Namespace) -> tuple[object, str]:
         runs = [r for r in runs if r.run_id in children]
     if args.limit < 0:
         raise CliError(f"--limit must be 0 (all) or more, got {args.limit}")
-    ordered = newest_first(runs)
-    shown = ordered[: args.limit] if args.limit else ordered
-    left_out = len(ordered) - len(shown)
-    keys = differing_params(shown)[:MAX_PARAMS]
+    try:
+        shown, left_out = select(runs, args.filter, args.sort, args.limit)
+    except FilterError as exc:
+        # Its first line says where and what was expected; the rest repeats the text.
+        raise CliError(str(exc).splitlines()[0]) from None
+    # The params that tell the listed runs apart (a lone run: all of its own).
+    keys = (differing_params(shown) if len(shown) > 1 else list(shown[0].params) if shown
+            else [])[:MAX_PARAMS]  # fmt: skip
     rows = [
         [
             r.run_id,
@@ -54,11 +60,11 @@ def cmd_jobs(t: TrackerBase, args: argparse.Namespace) -> tuple[object, str]:
     text = table(headers, rows)
     if left_out:
         text += (
-            f"\n({left_out} older run{'s' if left_out > 1 else ''} not shown: "
+            f"\n({left_out} more run{'s' if left_out > 1 else ''} not shown: "
             f"--limit N shows more, --limit 0 all)"
         )
         if args.json:
-            warn(f"{left_out} older runs not listed (--limit 0 lists all)")
+            warn(f"{left_out} more runs not listed (--limit 0 lists all)")
     return [summary_row(r) for r in shown], text
 
 
@@ -120,7 +126,8 @@ def _duration(seconds: float | None) -> str:
 
 
 def cmd_metadata(t: TrackerBase, args: argparse.Namespace) -> tuple[object, str]:
-    md = dict(t.metadata(check_known(t, args.RUN_ID)))
+    # Tags and the note are reserved keys of the metadata: list jobs and tag show them.
+    md = split_metadata(t.metadata(check_known(t, args.RUN_ID)))[0]
     return md, table(["ID", "VALUE"], [[k, v] for k, v in md.items()])
 
 
@@ -221,7 +228,7 @@ def cmd_lineage(t: TrackerBase, args: argparse.Namespace) -> tuple[object, str]:
 
 def cmd_compare(t: TrackerBase, args: argparse.Namespace) -> tuple[object, str]:
     run_ids = resolve_runs(t, args.RUN_ID)
-    params = {r: dict(t.metadata(r)) for r in run_ids}
+    params = {r: split_metadata(t.metadata(r))[0] for r in run_ids}
     keys = list(dict.fromkeys(k for md in params.values() for k in md))
     missing = object()
     differ = {
@@ -261,6 +268,18 @@ def register(
         "metrics",
     )
     jobs.add_argument("--parent-run-id", help="only the runs with this parent")
+    jobs.add_argument(
+        "--filter",
+        metavar="EXPR",
+        help="only the runs EXPR accepts: lr>0.01, status==crashed, tag:baseline, "
+        "loss.min<0.2, acc.last>=0.9, with and, or, not and parentheses",
+    )
+    jobs.add_argument(
+        "--sort",
+        metavar="[-]KEY",
+        help="order by KEY (start, end, duration, status, id, a param, METRIC.last|min|max|"
+        "count|step); --sort=-KEY from largest to smallest (default: newest first)",
+    )
     jobs.add_argument(
         "--limit",
         type=int,

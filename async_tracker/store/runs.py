@@ -15,6 +15,7 @@ from typing import Any
 
 from async_tracker.base import TrackerBase
 from async_tracker.runtime.process import runtime
+from async_tracker.store.expr import parse_filter, parse_sort
 from async_tracker.store.summary import MetricSummary, RunSummary
 
 
@@ -38,26 +39,23 @@ def newest_first(runs: Sequence[RunSummary]) -> list[RunSummary]:
     return dated + sorted((r for r in runs if r.start is None), key=lambda r: r.run_id)
 
 
-def differing_params(runs: Sequence[RunSummary]) -> list[str]:
-    """The param keys whose values are not the same in every run of ``runs`` (a key that
-    some runs lack differs), in the order first met; with one run, its keys."""
-    keys = list(dict.fromkeys(k for r in runs for k in r.params))
-    if len(runs) <= 1:
-        return keys
-    missing = object()
-    out = []
-    for key in keys:
-        first = runs[0].params.get(key, missing)
-        if any(_differ(first, r.params.get(key, missing)) for r in runs[1:]):
-            out.append(key)
-    return out
-
-
-def _differ(a: object, b: object) -> bool:
-    try:
-        return bool(a != b)
-    except Exception:  # an object whose comparison fails (an array): compare its text
-        return repr(a) != repr(b)
+def select(
+    runs: Sequence[RunSummary],
+    filter: str | None = None,
+    sort: str | None = None,
+    limit: int | None = None,
+) -> tuple[list[RunSummary], int]:
+    """The runs a list shows: those ``filter`` accepts (see :mod:`async_tracker.store.expr`),
+    in ``sort``'s order (``[-]KEY``; default newest first), at most ``limit`` of them (None
+    or 0: all); and how many ``limit`` left out. A bad filter or sort key raises
+    :class:`~async_tracker.store.expr.FilterError` naming the column."""
+    chosen = list(runs)
+    if filter:
+        accepts = parse_filter(filter)
+        chosen = [r for r in chosen if accepts(r)]
+    ordered = sorted(chosen, key=parse_sort(sort).key) if sort else newest_first(chosen)
+    shown = ordered[:limit] if limit else ordered
+    return shown, len(ordered) - len(shown)
 
 
 def _summary_of(tracker: TrackerBase, run_id: str) -> RunSummary:
@@ -104,4 +102,4 @@ def _status(tracker: TrackerBase, run_id: str) -> tuple[str, float | None]:
     return ("running" if result is None else str(result)), None  # TensorBoard's: a str
 
 
-__all__ = ["differing_params", "newest_first", "read_runs"]
+__all__ = ["newest_first", "read_runs", "select"]

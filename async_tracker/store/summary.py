@@ -15,6 +15,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from async_tracker.tags import split_metadata
+
 # The statuses a run can have, as readers show them (see the fsspec store's run_status).
 STATUSES = ("running", "finished", "failed", "killed", "crashed")
 
@@ -93,9 +95,6 @@ class WriterSummary:
     end: float | None = None
     status: str | None = None
     params: Mapping[str, tuple[int, object]] = field(default_factory=dict)
-    tags: frozenset[str] = frozenset()
-    untagged: frozenset[str] = frozenset()
-    note: tuple[int, str] | None = None  # (stamp_ns, text)
     metrics: Mapping[str, MetricSummary] = field(default_factory=dict)
     life_start: float = 0.0
     seq: int = -1
@@ -116,9 +115,6 @@ class WriterSummary:
             "keys": sorted(self.keys),
             "prior": self.prior,
             "params": {k: [ns, v] for k, (ns, v) in self.params.items()},
-            "tags": sorted(self.tags),
-            "untagged": sorted(self.untagged),
-            "note": list(self.note) if self.note is not None else None,
             "metrics": {name: m.to_json() for name, m in self.metrics.items()},
         }
 
@@ -128,7 +124,7 @@ class WriterSummary:
         one (a reader skips such a file with a warning)."""
         if not isinstance(data, dict) or data.get("v") != 1:
             raise ValueError("not a run summary (version 1)")
-        note, get = data.get("note"), data.get
+        get = data.get
         start, updated, end, status = get("start"), get("updated"), get("end"), get("status")
         # JSON object keys are text already; numbers come as numbers (or 'nan'/'inf' text).
         return cls(
@@ -137,9 +133,6 @@ class WriterSummary:
             end=None if end is None else float(end),
             status=None if status is None else str(status),
             params={k: (int(ns), v) for k, (ns, v) in data["params"].items()},
-            tags=_texts(get("tags")),
-            untagged=_texts(get("untagged")),
-            note=None if note is None else (int(note[0]), str(note[1])),
             metrics={name: MetricSummary.from_json(m) for name, m in data["metrics"].items()},
             life_start=float(get("started") or 0.0),
             seq=int(get("seq", -1)),
@@ -250,32 +243,28 @@ def merge(
     ordered = sorted(writers, key=lambda w: (w.updated or 0.0))
     params: dict[str, tuple[int, object]] = {}
     metrics: dict[str, MetricSummary] = {}
-    tags: set[str] = set()
-    # Tag changes in time order: a later writer's removal undoes an earlier one's tag.
-    note: tuple[int, str] | None = None
     for w in ordered:
         for key, (ns, value) in w.params.items():
             if key not in params or ns >= params[key][0]:
                 params[key] = (ns, value)
         for name, m in w.metrics.items():
             metrics[name] = metrics[name].merge(m) if name in metrics else m
-        tags |= w.tags
-        tags -= w.untagged
-        if w.note is not None and (note is None or w.note[0] >= note[0]):
-            note = w.note
     starts = [w.start for w in ordered if w.start is not None]
     ends = [w.end for w in ordered if w.end is not None]
     updates = [w.updated for w in ordered if w.updated is not None]
     ended = status not in ("running", "crashed")
+    # Tags and the note are metadata keys (see async_tracker.tags): each key's latest write
+    # won above, across writers, so a tag one process removed after another added it is gone.
+    plain, tags, note = split_metadata({k: v for k, (_, v) in params.items()})
     return RunSummary(
         run_id=run_id,
         status=status,
         start=min(starts) if starts else None,
         end=(ended_at if ended_at is not None else max(ends, default=None)) if ended else None,
         heartbeat=heartbeat if heartbeat is not None else (max(updates) if updates else None),
-        params={k: v for k, (_, v) in params.items()},
-        tags=frozenset(tags),
-        note=note[1] if note is not None else "",
+        params=plain,
+        tags=tags,
+        note=note,
         metrics=metrics,
     )
 
