@@ -45,6 +45,9 @@ from async_tracker.records import Batch
 from async_tracker.report import BackendStatus, FlushReport, TrackerStatus
 from async_tracker.retry import RetryPolicy
 from async_tracker.run import RunState
+from async_tracker.store.api import Store
+from async_tracker.store.expr import FilterError
+from async_tracker.store.summary import MetricSummary, RunSummary
 
 __version__ = "0.1.0"
 
@@ -60,12 +63,16 @@ __all__ = [
     "BackendUnavailableError",
     "Batch",
     "DeliveryError",
+    "FilterError",
     "FlushReport",
     "Lineage",
+    "MetricSummary",
     "PermanentBackendError",
     "RecordError",
     "RetryPolicy",
     "RunState",
+    "RunSummary",
+    "Store",
     "TrackerArtifact",
     "TrackerBase",
     "TrackerClosedError",
