@@ -21,10 +21,8 @@ from async_tracker.cli.query import read_metrics
 from async_tracker.init_run import open_store
 from async_tracker.spool import has_spool, run_dir_name
 from tests.cli.conftest import child_env, cli
-from tests.cli.test_store import s3_store  # noqa: F401  # a fresh bucket on the S3 server
 from tests.core.helpers import wait_until
 from tests.faulty import FaultyTracker, Hang
-from tests.fsspec.conftest import s3_endpoint  # noqa: F401  # the moto server fixture
 
 KEEP = "proj/keep-1"
 GONE = "proj/gone-2"
