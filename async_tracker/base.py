@@ -98,6 +98,7 @@ class AsyncTrackerBase(ABC):
     * ``heartbeat(run_id, interval_s)``: a live run says it is alive, every ``interval_s``
       (readers show a run that stopped saying so without ending as crashed).
     * ``aclose(reason)``: release the backend (called for the backends a run built itself).
+    * ``delete_run(run_id)``: delete a run (``async-tracker rm``); the default cannot.
 
     ``name`` names the backend in reports, ``status()`` and spool keys (default: class name).
     ``store_url``: where the backend stores runs as a URL that ``async-tracker sync --to``
@@ -222,6 +223,14 @@ class AsyncTrackerBase(ABC):
         """Stores that ``run_id`` is alive now and says so every ``interval_s`` seconds.
         Optional: a lane calls it off the delivery path, bounded, and ignores its failures;
         readers show a run that never ended and whose heartbeats stopped as crashed."""
+
+    async def delete_run(self, run_id: str) -> bool:
+        """Deletes everything this backend stores of ``run_id``; True once it is gone (a run
+        it did not hold included), False if this backend cannot delete runs (the default:
+        ``async-tracker rm`` then says so). Raises a
+        :class:`~async_tracker.errors.BackendError` when the deletion failed. A process still
+        writing the run may write it again afterwards."""
+        return False
 
     async def aclose(self, reason: CloseReason = "finished") -> None:  # noqa: B027
         """Releases the backend's resources; ``reason`` says how the job ended. ``AppRun``

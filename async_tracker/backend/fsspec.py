@@ -474,6 +474,18 @@ class _Storage:
             except FileNotFoundError:
                 pass
 
+    async def rm_tree(self, path: str) -> None:
+        """Removes the directory ``path`` and everything under it (on object stores: every
+        key under its prefix, listed then deleted in bulk); one already gone is no error."""
+        with _mapped(f"removal of {path}"):
+            self.fs.invalidate_cache(path)
+            try:
+                await self._call("rm", path, recursive=True)
+            except FileNotFoundError:
+                pass
+            finally:
+                self.fs.invalidate_cache(path)
+
     async def exists(self, path: str) -> bool:
         with _mapped(f"lookup of {path}"):
             return bool(await self._call("exists", path))
@@ -646,6 +658,29 @@ class AsyncFsspecTracker(AsyncTrackerBase):
                 f"fsspec: {run_dir} is a file where the directory of run {run_id!r} should be"
             ) from None
         return not RUN_PARTS.isdisjoint(name for name, _ in entries)
+
+    async def delete_run(self, run_id: str) -> bool:
+        """Removes the run's directory and everything in it (records, summaries, status,
+        heartbeats, its claim), after the run's edges in its sources' ``descendants/`` (so
+        that their lineage no longer names it). A process still writing the run writes its
+        next files again; nothing stops it."""
+        me = encode_run_id(run_id)
+        try:
+            parents = await self._storage.ls(self._path(run_id, PARENTS_DIR))
+        except NotADirectory:
+            parents = []
+        edges = []
+        for name, _ in parents:
+            source, dot, digest = name.partition(".")
+            if dot and decode_run_id(source) is not None and _DIGEST.fullmatch(digest):
+                back = posixpath.join(self.root_dir, source, DESCENDANTS_DIR, f"{me}.{digest}")
+                edges.append(back)
+        await self._storage.rm_many(edges)
+        await self._storage.rm_tree(self._run_dir(run_id))
+        # This process's summaries of the run would otherwise carry on from the deleted one.
+        for key in [k for k in self._tallies if k[0] == run_id]:
+            del self._tallies[key]
+        return True
 
     async def _write_status(
         self, run_id: str, reason: CloseReason, when: float, writer: str, started: float = 0.0

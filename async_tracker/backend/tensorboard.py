@@ -55,6 +55,7 @@ import logging
 import math
 import os
 import secrets
+import shutil
 import socket
 import threading
 import time
@@ -455,6 +456,35 @@ class AsyncTensorBoardTracker(AsyncTrackerBase):
         Nothing is buffered: each flush is on disk when ``write_batch`` returns."""
         for run_id in list(self._runs):
             await self.end_run(run_id, reason)
+
+    async def delete_run(self, run_id: str) -> bool:
+        """Removes the run's folder: its event files and side files. A run whose id extends
+        this one's (``a/b`` for ``a``) lives in a subfolder of it, which is kept."""
+        # Forgotten first: a later write of this process starts a new event file.
+        self._runs.pop(run_id, None)
+        try:
+            await self._blocking(self._delete, self.logdir(run_id))
+        except OSError as exc:
+            raise map_error(exc, f"removal of run {run_id!r}") from exc
+        return True
+
+    @staticmethod
+    def _delete(logdir: str) -> None:
+        try:
+            names = sorted(os.listdir(logdir))
+        except FileNotFoundError:
+            return
+        for name in names:
+            path = os.path.join(logdir, name)
+            if os.path.isdir(path) and not os.path.islink(path):
+                if name == SIDE_DIR or not _holds_run(path):
+                    shutil.rmtree(path)
+            else:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(path)
+        # Not empty: it holds another run's folder.
+        with contextlib.suppress(OSError):
+            os.rmdir(logdir)
 
     async def run_status(self, run_id: str) -> str | None:
         """How the run ended (``finished``, ``failed``, ``killed``), None while running."""
@@ -900,6 +930,14 @@ def _merge(out: _Records, record: _Records) -> None:
     for into, edges in ((out.sources, record.sources), (out.descendants, record.descendants)):
         into.extend(e for e in edges if e not in into)
     out.status = record.status or out.status
+
+
+def _holds_run(folder: str) -> bool:
+    """Whether a run's folder is ``folder`` or under it (it has ``.async_tracker/run.json``)."""
+    return any(
+        SIDE_DIR in dirs and os.path.exists(os.path.join(top, SIDE_DIR, RUN_FILE))
+        for top, dirs, _ in os.walk(folder)
+    )
 
 
 def _listdir(path: str, skipped: list[str]) -> list[str]:

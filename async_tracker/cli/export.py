@@ -1,16 +1,28 @@
-"""``export tensorboard RUN... --out DIR``: runs already in a store, as TensorBoard event files.
+"""``export tensorboard RUN... --out DIR`` and ``export csv RUN... --out FILE``: runs already
+in a store, as TensorBoard event files, or as one CSV table of their metric points.
 
-Each run is read whole from the store and written as one batch by the TensorBoard backend
-(points keep their steps and client timestamps), then ended with the status the store
-recorded, so that ``tensorboard --logdir DIR`` shows the same curves, params and ending.
+``export tensorboard``: each run is read whole from the store and written as one batch by the
+TensorBoard backend (points keep their steps and client timestamps), then ended with the status
+the store recorded, so that ``tensorboard --logdir DIR`` shows the same curves, params and
+ending.
+
+``export csv``: long format, one row per point (``run,name,step,value,time``), a header row
+first; runs in the order given, each run's metrics by name (or in ``--metrics`` order), each
+metric's points in step order. Values and times are written with ``repr``: a float64 reads
+back exact, and NaN and infinities are ``nan``, ``inf`` and ``-inf`` (what ``float()`` and
+pandas read). Times are seconds since the epoch.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import csv
 import importlib
+import sys
+from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from async_tracker.base import TrackerBase
 from async_tracker.cli.common import (
@@ -20,9 +32,10 @@ from async_tracker.cli.common import (
     run_status,
     to_json,
     tracker_and_label,
+    warn,
 )
 from async_tracker.cli.query import read_metrics
-from async_tracker.records import Batch
+from async_tracker.records import Batch, TrackerMetric
 from async_tracker.runtime.process import runtime
 
 
@@ -79,6 +92,67 @@ def cmd_export_tensorboard(args: argparse.Namespace) -> int:
     return 0
 
 
+CSV_HEADER = ("run", "name", "step", "value", "time")
+
+
+def metric_names(option: str | None) -> list[str] | None:
+    """``--metrics a,b``: the names, in order; None for every metric."""
+    if option is None:
+        return None
+    names = list(dict.fromkeys(n.strip() for n in option.split(",") if n.strip()))
+    if not names:
+        raise CliError(f"--metrics: no metric name in {option!r}")
+    return names
+
+
+def csv_rows(
+    run_id: str, curves: dict[str, Sequence[TrackerMetric]], names: Sequence[str] | None
+) -> Iterator[tuple[str, str, int, str, str]]:
+    for name in sorted(curves) if names is None else names:
+        # Stable: points of one step keep the order the store gave (the order logged).
+        for p in sorted(curves.get(name, ()), key=lambda p: p.step):
+            yield run_id, name, p.step, repr(float(p.value)), repr(float(p.timestamp))
+
+
+@contextlib.contextmanager
+def _output(out: str) -> Iterator[IO[str]]:
+    if out == "-":
+        yield sys.stdout
+        return
+    # newline="": the csv module writes its own line ends.
+    with open(out, "w", newline="", encoding="utf-8") as f:
+        yield f
+
+
+def cmd_export_csv(args: argparse.Namespace) -> int:
+    names = metric_names(args.metrics)
+    tracker, label = tracker_and_label(args)
+    with read_or_fail(label):
+        run_ids = resolve_runs(tracker, args.RUN_ID)
+        runs = [(r, dict(read_metrics(tracker, r))) for r in run_ids]
+    for name in names or ():
+        if not any(name in curves for _, curves in runs):
+            warn(f"export csv: no run exported has a metric {name!r}")
+    exported = []
+    # A file that cannot be written is an OSError: main says so, with exit code 1.
+    with _output(args.out) as f:
+        writer = csv.writer(f, lineterminator="\n")
+        writer.writerow(CSV_HEADER)
+        for run_id, curves in runs:
+            rows = list(csv_rows(run_id, curves, names))
+            writer.writerows(rows)
+            exported.append({"run_id": run_id, "points": len(rows)})
+    if args.out == "-":
+        return 0
+    if args.json:
+        print(to_json({"out": args.out, "runs": exported}))
+    else:
+        for run in exported:
+            print(f"{run['run_id']}: {run['points']} points")
+        print(f"written: {args.out}")
+    return 0
+
+
 def register(
     sub: argparse._SubParsersAction[argparse.ArgumentParser], common: argparse.ArgumentParser
 ) -> None:
@@ -94,3 +168,17 @@ def register(
     tb.add_argument("RUN_ID", nargs="+", help="runs to export (ids or unique prefixes)")
     tb.add_argument("--out", required=True, metavar="DIR", help="the TensorBoard log directory")
     tb.set_defaults(func=cmd_export_tensorboard)
+    csv_p = exp_sub.add_parser(
+        "csv",
+        parents=[common],
+        help="write the metric points of runs as one CSV table",
+        description="Writes every metric point of the runs as CSV, one row per point: "
+        "run,name,step,value,time (time in seconds since the epoch; NaN and infinities as "
+        "nan, inf, -inf). Runs come in the order given, points in step order.",
+    )
+    csv_p.add_argument("RUN_ID", nargs="+", help="runs to export (ids or unique prefixes)")
+    csv_p.add_argument("--out", required=True, metavar="FILE", help="the CSV file ('-': stdout)")
+    csv_p.add_argument(
+        "--metrics", metavar="NAME,...", help="only these metrics, in this order (default: all)"
+    )
+    csv_p.set_defaults(func=cmd_export_csv)

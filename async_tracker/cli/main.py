@@ -8,9 +8,11 @@
     async-tracker lineage RUN_ID [--depth N]
     async-tracker plot RUN_ID [RUN_ID ...] [--metric NAME ...] -o FILE.png|FILE.svg
     async-tracker export tensorboard RUN_ID [RUN_ID ...] --out DIR
+    async-tracker export csv RUN_ID [RUN_ID ...] --out FILE|- [--metrics NAME,...]
     async-tracker run [--name NAME] [--parent-run-id ID] -- COMMAND ...
     async-tracker sync [SPOOL_DIR] [--to URL|FACTORY]
     async-tracker tag RUN_ID [+TAG ...] [-TAG ...] [--note TEXT]
+    async-tracker rm RUN_ID [RUN_ID ...] [--yes]
     async-tracker --version
 
 The tracker read is ``--tracker NAME --config CFG`` if given, else ``--store PATH|URL``, else
@@ -29,7 +31,7 @@ import sys
 from collections.abc import Sequence
 
 import async_tracker
-from async_tracker.cli import export, plot, query, run, sync, tag
+from async_tracker.cli import export, plot, query, rm, run, sync, tag
 from async_tracker.cli.common import EXIT_FAILURE, EXIT_USAGE, CliError, StoreError, warn
 from async_tracker.errors import TrackerError
 
@@ -69,6 +71,7 @@ def parser() -> argparse.ArgumentParser:
     run.register(sub, common)
     sync.register(sub, common)
     tag.register(sub, common)
+    rm.register(sub, common)
     return p
 
 

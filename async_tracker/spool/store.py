@@ -23,6 +23,7 @@ from __future__ import annotations
 import logging
 import os
 import re
+import shutil
 import time
 from base64 import b32decode, b32encode
 from collections.abc import Sequence
@@ -386,3 +387,48 @@ def spooled_runs(spool_dir: Path) -> list[tuple[str, str, Path]]:
             if any(parse_segment(p) for p in backend_dir.iterdir()):
                 out.append((run_id, backend_dir.name, backend_dir))
     return out
+
+
+def remove_run_spool(spool_dir: str | Path, run_id: str) -> tuple[Path | None, list[str]]:
+    """Removes what waits in this run's spool under ``spool_dir``, except the folder of each
+    backend where a live pipeline holds its lock (a process still writing the run: removing
+    its files under it would lose what it holds in memory against them, and it replays its
+    own). Returns the run's spool folder (None if it has none) and the backend folders kept.
+    An OSError of a removal is raised, after the locks taken here are released."""
+    run_dir = Path(spool_dir) / run_dir_name(run_id)
+    try:
+        backend_dirs = sorted(p for p in run_dir.iterdir() if p.is_dir())
+    except (FileNotFoundError, NotADirectoryError):
+        return None, []
+    kept: list[str] = []
+    for backend_dir in backend_dirs:
+        tokens: set[str] = set()
+        for name in os.listdir(backend_dir):
+            m = _SEGMENT.match(name) or _ACK.match(name) or _LOCK.match(name) or _TMP.match(name)
+            if m is not None:
+                tokens.add(m["token"])
+        # Each token's lock taken, as an adopter would: a token whose lock is held belongs to
+        # a live pipeline (of another process, or of this one). Held while removing, so that
+        # no replay adopts the files meanwhile.
+        taken: list[Path] = []
+        try:
+            for token in sorted(tokens):
+                lock = backend_dir / f"{token}.lock"
+                if not locks.take(lock):
+                    kept.append(backend_dir.name)
+                    break
+                taken.append(lock)
+            else:
+                shutil.rmtree(backend_dir)
+        finally:
+            for lock in taken:
+                locks.drop(lock)
+    if not kept:
+        for path in run_dir.iterdir():  # foreign files: the folder goes whole
+            if not path.is_dir():
+                _unlink(path)
+        try:
+            run_dir.rmdir()
+        except OSError:
+            pass  # a pipeline started spooling the run meanwhile: its folder stays
+    return run_dir, kept

@@ -7,6 +7,7 @@ import math
 import os
 import subprocess
 import sys
+import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,6 +18,7 @@ from fsspec.implementations.local import LocalFileSystem
 import async_tracker.run
 from async_tracker import AppRun
 from async_tracker.backend.fsspec import FsspecTracker
+from tests.fsspec.conftest import s3_endpoint  # noqa: F401  # the moto server, one per session
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -147,3 +149,20 @@ def cli(*args: str, timeout_s: float = 60) -> subprocess.CompletedProcess[str]:
         timeout=timeout_s,
         stdin=subprocess.DEVNULL,
     )
+
+
+@pytest.fixture
+def s3_store(s3_endpoint: str, monkeypatch: pytest.MonkeyPatch) -> str:  # noqa: F811
+    """A fresh bucket; the endpoint comes from ``AWS_ENDPOINT_URL``, which botocore reads, so
+    a plain ``s3://`` URL reaches it (in child processes too)."""
+    boto3 = pytest.importorskip("boto3")
+    for var, value in (
+        ("AWS_ACCESS_KEY_ID", "testing"),
+        ("AWS_SECRET_ACCESS_KEY", "testing"),
+        ("AWS_DEFAULT_REGION", "us-east-1"),
+        ("AWS_ENDPOINT_URL", s3_endpoint),
+    ):
+        monkeypatch.setenv(var, value)
+    bucket = f"cli-{uuid.uuid4().hex[:12]}"
+    boto3.client("s3", endpoint_url=s3_endpoint).create_bucket(Bucket=bucket)
+    return f"s3://{bucket}/runs"

@@ -8,7 +8,6 @@ import json
 import socket
 import subprocess
 import sys
-import uuid
 from pathlib import Path
 
 import pytest
@@ -21,30 +20,12 @@ from async_tracker.init_run import open_store
 from async_tracker.report import FlushReport
 from tests.cli.conftest import Store, child_env, cli, write_torchxconfig
 from tests.cli.test_sync import SPOOLING_JOB
-from tests.fsspec.conftest import s3_endpoint  # noqa: F401  # the moto server fixture
 
 ALPHA = "proj/alpha-1"
 BETA = "proj/beta-2"
 FAILED = "other/failed-3"
 KILLED = "other/killed-4"
 RUNNING = "other/running-5"
-
-
-@pytest.fixture
-def s3_store(s3_endpoint: str, monkeypatch: pytest.MonkeyPatch) -> str:  # noqa: F811
-    """A fresh bucket; the endpoint comes from ``AWS_ENDPOINT_URL``, which botocore reads, so
-    a plain ``s3://`` URL reaches it (in child processes too)."""
-    boto3 = pytest.importorskip("boto3")
-    for var, value in (
-        ("AWS_ACCESS_KEY_ID", "testing"),
-        ("AWS_SECRET_ACCESS_KEY", "testing"),
-        ("AWS_DEFAULT_REGION", "us-east-1"),
-        ("AWS_ENDPOINT_URL", s3_endpoint),
-    ):
-        monkeypatch.setenv(var, value)
-    bucket = f"cli-{uuid.uuid4().hex[:12]}"
-    boto3.client("s3", endpoint_url=s3_endpoint).create_bucket(Bucket=bucket)
-    return f"s3://{bucket}/runs"
 
 
 @pytest.fixture(params=["local", "s3"])

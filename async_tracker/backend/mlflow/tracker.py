@@ -621,6 +621,22 @@ class AsyncMLflowTracker(AsyncTrackerBase):
         millisecond resolution; infinities come back as infinities."""
         return await self._blocking("get_metric_history", self._metrics_sync, run_id)
 
+    def _delete_sync(self, run_id: str) -> None:
+        runs = self.runs.candidates(run_id)
+        if not runs:
+            named = self.runs.named(run_id)  # a run torchx's own tracker made
+            runs = [] if named is None else [named]
+        for run in runs:
+            self.client.delete_run(run.info.run_id)
+            self.runs.forget(run_id, str(run.info.run_id))
+
+    async def delete_run(self, run_id: str) -> bool:
+        """Deletes the MLflow runs of ``run_id`` (tagged with it, or the run torchx's own
+        tracker named after it). MLflow deletes softly: the run is marked deleted, which its
+        UI and searches hide (``run_ids`` too); ``mlflow gc`` removes it for good."""
+        await self._blocking("delete_run", self._delete_sync, run_id)
+        return True
+
     # -- MLflow objects ------------------------------------------------------------------------
     async def experiment(self) -> Any:
         """The MLflow ``Experiment`` (created if missing)."""
