@@ -115,6 +115,10 @@ _CHILD = textwrap.dedent(
     hang = True
     log_many(run, range(10, 20), 400)
     run.flush(0.001)
+    # Cut and on disk (durable), all of phase 2, before the parent kills us: a batch still
+    # being written to the write-ahead log when SIGKILL comes was never promised to survive.
+    while sum(b.spooled for b in run.status().backends.values()) < 4_000:
+        import time; time.sleep(0.01)
     print("logged", flush=True)
     while True:
         import time; time.sleep(3600)
