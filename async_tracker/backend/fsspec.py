@@ -1101,20 +1101,7 @@ class AsyncFsspecTracker(AsyncTrackerBase):
         record the run wrote (not a directory holding only the descendants of a source)."""
         parent = kwargs.get("parent_run_id")
         skipped = _Skipped()
-        try:
-            listing = await self._storage.ls(self.root_dir)
-        except NotADirectory:
-            skipped.add(self.root_dir, "a file where the store's directory should be")
-            listing = []
-        candidates: list[tuple[str, str]] = []
-        for name, kind in listing:
-            run_id = decode_run_id(name)
-            if run_id is None:
-                skipped.add(posixpath.join(self.root_dir, name), "not a run: no base32 name")
-            elif kind != "directory":
-                skipped.add(posixpath.join(self.root_dir, name), "a file, not a run directory")
-            else:
-                candidates.append((name, run_id))
+        candidates = await self._run_dirs(skipped)
         listings = await _gather_bounded(
             [self._listing_or_none(posixpath.join(self.root_dir, n)) for n, _ in candidates]
         )
@@ -1209,13 +1196,15 @@ class AsyncFsspecTracker(AsyncTrackerBase):
             out.append(merge(f.run_id, f.merged().values(), status, beat, when))
         return out
 
-    async def _scan(self, skipped: _Skipped) -> list[_Found]:
+    async def _run_dirs(self, skipped: _Skipped) -> list[tuple[str, str]]:
+        """``(directory name, run id)`` of each directory under the root named by a run id
+        (one listing); whatever else is there is named in ``skipped``."""
         try:
             listing = await self._storage.ls(self.root_dir)
         except NotADirectory:
             skipped.add(self.root_dir, "a file where the store's directory should be")
             return []
-        found: list[_Found] = []
+        found: list[tuple[str, str]] = []
         for name, kind in listing:
             run_id = decode_run_id(name)
             if run_id is None:
@@ -1223,7 +1212,11 @@ class AsyncFsspecTracker(AsyncTrackerBase):
             elif kind != "directory":
                 skipped.add(posixpath.join(self.root_dir, name), "a file, not a run directory")
             else:
-                found.append(_Found(run_id))
+                found.append((name, run_id))
+        return found
+
+    async def _scan(self, skipped: _Skipped) -> list[_Found]:
+        found = [_Found(run_id) for _, run_id in await self._run_dirs(skipped)]
         files = await _gather_bounded(
             [self._read_files(self._path(f.run_id, SUMMARY_DIR), skipped) for f in found]
         )
