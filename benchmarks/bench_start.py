@@ -20,9 +20,7 @@ with botocore's default retries:
 from __future__ import annotations
 
 import argparse
-import collections
 import concurrent.futures
-import contextlib
 import functools
 import logging
 import os
@@ -34,18 +32,18 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import boto3
 import fsspec.config
-import s3fs
 
 import async_tracker
 from async_tracker import AppRun
 from async_tracker.backend.fsspec import CLAIM_FILE, encode_run_id
 from async_tracker.init_run import open_store
 from async_tracker.runtime.process import runtime
+from tests.s3_requests import counting
 from tests.tcp_proxy import Mode, TcpProxy
 
 DOWN_MODES: tuple[Mode, ...] = ("refuse", "reset", "silent")
@@ -82,28 +80,6 @@ def use_endpoint(endpoint: str) -> None:
         "key": "testing", "secret": "testing",
         "client_kwargs": {"endpoint_url": endpoint, "region_name": "us-east-1"},
     }
-
-
-class Requests:
-    """Counts S3 requests by operation while :meth:`counting`."""
-
-    def __init__(self) -> None:
-        self.calls: collections.Counter[str] = collections.Counter()
-
-    @contextlib.contextmanager
-    def counting(self) -> Iterator[collections.Counter[str]]:
-        real = s3fs.S3FileSystem._call_s3
-        calls: collections.Counter[str] = collections.Counter()
-
-        async def counted(fs: Any, method: Any, *args: Any, **kwargs: Any) -> Any:
-            calls[method if isinstance(method, str) else getattr(method, "__name__", "?")] += 1
-            return await real(fs, method, *args, **kwargs)
-
-        s3fs.S3FileSystem._call_s3 = counted
-        try:
-            yield calls
-        finally:
-            s3fs.S3FileSystem._call_s3 = real
 
 
 def old_check(url: str, cut_s: float) -> tuple[float, str]:
@@ -173,7 +149,6 @@ def new_id_run(url: str) -> AppRun:
 
 def sizes(client: Any, sizes: list[int], rounds: int, cut_s: float) -> None:
     print("\n== init() on stores of many runs: S3 requests (by operation), median seconds")
-    requests = Requests()
     for size in sizes:
         root = f"size-{size}"
         url = f"s3://bench/{root}"
@@ -194,7 +169,7 @@ def sizes(client: Any, sizes: list[int], rounds: int, cut_s: float) -> None:
         for name, case in cases.items():
             times = []
             for _ in range(rounds):
-                with requests.counting() as calls:
+                with counting() as calls:
                     begin = time.perf_counter()
                     run = case()
                     times.append(time.perf_counter() - begin)
@@ -202,7 +177,7 @@ def sizes(client: Any, sizes: list[int], rounds: int, cut_s: float) -> None:
                 run.close(timeout=0)
             total = sum(counted.values())
             print(f"  {name:22} {total:6d} requests {counted}  {statistics.median(times):7.3f} s")
-        with requests.counting() as calls:
+        with counting() as calls:
             was, outcome = old_check(url, cut_s)
         print(
             f"  {'old check (run_ids)':22} {sum(calls.values()):6d} requests "

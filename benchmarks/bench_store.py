@@ -25,8 +25,6 @@ requests, ``S3FileSystem._call_s3``):
 from __future__ import annotations
 
 import argparse
-import collections
-import contextlib
 import os
 import platform
 import shutil
@@ -35,8 +33,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator
-from typing import Any
+from collections.abc import Callable
 
 import anyio
 import fsspec
@@ -49,31 +46,11 @@ from async_tracker.init_run import open_store
 from async_tracker.records import Batch, TrackerMetric
 from async_tracker.runtime.process import runtime
 from async_tracker.store.runs import read_runs
+from tests.s3_requests import counting
 
 POINTS = 50
 TOKEN = "1795000000000000000xbe0c4"
 REAL_RUNS = 3
-
-
-@contextlib.contextmanager
-def counting() -> Iterator[collections.Counter[str]]:
-    calls: collections.Counter[str] = collections.Counter()
-    try:
-        import s3fs
-    except ImportError:
-        yield calls
-        return
-    real = s3fs.S3FileSystem._call_s3
-
-    async def counted(fs: Any, method: Any, *args: Any, **kwargs: Any) -> Any:
-        calls[method if isinstance(method, str) else getattr(method, "__name__", "?")] += 1
-        return await real(fs, method, *args, **kwargs)
-
-    s3fs.S3FileSystem._call_s3 = counted
-    try:
-        yield calls
-    finally:
-        s3fs.S3FileSystem._call_s3 = real
 
 
 def batch_of(i: int) -> Batch:

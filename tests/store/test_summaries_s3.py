@@ -5,11 +5,7 @@ of each writer's summary; a run without summaries costs its rebuild once, then t
 from __future__ import annotations
 
 import collections
-import contextlib
-from collections.abc import Iterator
-from typing import Any
 
-import fsspec.config
 import pytest
 
 from async_tracker import AppRun
@@ -22,35 +18,14 @@ from async_tracker.backend.fsspec import (
 from async_tracker.init_run import open_store
 from async_tracker.runtime.process import runtime
 from async_tracker.store.summary import RunSummary
-from tests.fsspec.conftest import _s3_credentials, make_bucket, s3_endpoint  # noqa: F401
+from tests.s3_requests import counting
 
 s3fs = pytest.importorskip("s3fs")
 
 
-@contextlib.contextmanager
-def counting() -> Iterator[collections.Counter[str]]:
-    """The S3 requests made meanwhile, by operation (retries aside: one call per request)."""
-    real = s3fs.S3FileSystem._call_s3
-    calls: collections.Counter[str] = collections.Counter()
-
-    async def counted(fs: Any, method: Any, *args: Any, **kwargs: Any) -> Any:
-        calls[method if isinstance(method, str) else getattr(method, "__name__", "?")] += 1
-        return await real(fs, method, *args, **kwargs)
-
-    s3fs.S3FileSystem._call_s3 = counted
-    try:
-        yield calls
-    finally:
-        s3fs.S3FileSystem._call_s3 = real
-
-
 @pytest.fixture
-def store(s3_endpoint: str, monkeypatch: pytest.MonkeyPatch) -> str:  # noqa: F811
-    monkeypatch.setitem(fsspec.config.conf, "s3", {
-        "key": "testing", "secret": "testing", "skip_instance_cache": True,
-        "client_kwargs": {"endpoint_url": s3_endpoint, "region_name": "us-east-1"},
-    })  # fmt: skip
-    return f"s3://{make_bucket(s3_endpoint)}/runs"
+def store(s3_url: str) -> str:
+    return s3_url
 
 
 def listed(url: str) -> tuple[dict[str, RunSummary], collections.Counter[str]]:
