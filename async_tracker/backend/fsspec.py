@@ -9,9 +9,9 @@ Layout under ``root_dir`` (torchx's ``FsspecTracker`` and ``torchx tracker list`
         parents/<base32(src)>.<digest(art)>     new: one file per lineage edge (its artifact)
         descendants/<base32(id)>.<digest(art)>  the same edge, in the source's directory
         metrics/<name>.jsonl                    new (torchx ignores it): immutable segments
-        summary/<writer token>.json             new: what each writing process wrote, summed
-        summary/rebuilt.json                    new: the same, rebuilt by a reader once
         .tmp/                                   staging for atomic renames, where there are
+    .summary-<digest(run_id)>-<writer token>.json   new: what each writing process wrote, summed
+    .summary-<digest(run_id)>-rebuilt.json          new: the same, rebuilt by a reader once
 
 Names of metadata and metric files start with the wall-clock time in nanoseconds, then a tag
 unique to the process (hosts and forks included) and a counter, so they never collide and
@@ -48,17 +48,21 @@ Errors: every failure leaves as one :class:`~async_tracker.errors.BackendError` 
 file, mapped by :func:`map_error` from what fsspec, s3fs, botocore or the OS raised.
 
 Summaries. Each process keeps, per run it writes, a summary of what it wrote (params, each
-metric's last/min/max/count/last step, start, end; see ``async_tracker.store.summary``) and
-rewrites it whole as ``summary/<writer token>.json`` at the end of each ``write_batch`` (a
-flush boundary, never per point). Readers of the run list (:meth:`run_summaries`) read those
-files only, merging the writers' summaries. A batch counts once in its writer's summary
-whatever happens to it: it is named by the batch's writer token (a replay by another process
-continues that writer's summary from the store), and the summary keeps which batches it counts
-(see ``WriterSummary.counted``). A run without any summary (written before summaries
-existed, or by torchx) is summarised from its files once, per writer token found in the file
-names, and that is kept as ``summary/rebuilt.json``; a writer's own summary replaces the
-rebuilt part of its token, so nothing counts twice when a writer was still writing while a
-reader rebuilt.
+metric's last/min/max/count/last step, start, end, its last heartbeat; see
+``async_tracker.store.summary``) and rewrites it whole at the end of each ``write_batch`` (a
+flush boundary, never per point) and at each heartbeat. Readers of the run list
+(:meth:`run_summaries`) read those files only, merging the writers' summaries. They sit at the
+store's root, not in the run's directory, and hold the run id: one listing of the root finds
+every run and every summary, so the list costs one listing (a request per 1,000 entries on
+object stores) plus one small read per summary, where a folder per run would cost a listing
+per run. torchx's reader skips files at the root; the leading dot hides them from ``ls``.
+A batch counts once in its writer's summary whatever happens to it: it is named by the
+batch's writer token (a replay by another process continues that writer's summary from the
+store), and the summary keeps which batches it counts (see ``WriterSummary.counted``). A run
+without any summary (written before summaries existed, or by torchx) is summarised from its
+files once, per writer token found in the file names, and that is kept as the run's
+``rebuilt`` summary; a writer's own summary replaces the rebuilt part of its token, so nothing
+counts twice when a writer was still writing while a reader rebuilt.
 
 Metric segments are JSON Lines with one line per metric name, columns of steps, values and
 timestamps: ``{"name": "loss", "step": [...], "value": [...], "time": [...]}``. Columns let
@@ -148,10 +152,12 @@ _STATUS_RANK = {"finished": 0, "killed": 1, "failed": 2}
 # A run that never ended and whose every heartbeat is older than CRASHED_AFTER_BEATS of its
 # intervals reads as crashed (not a run part either).
 HEARTBEAT_DIR = "heartbeat"
-# What each writing process wrote, summed (see "Summaries" above); not a run part either: a
-# directory holding only a summary is not a run.
-SUMMARY_DIR = "summary"
-REBUILT_SUMMARY = "rebuilt.json"
+# What each writing process wrote to a run, summed (see "Summaries" above): a file at the
+# store's root, ``.summary-<digest of the run id>-<writer token>.json``; the run's rebuilt
+# summary has the token ``rebuilt`` (writer tokens are hex, or digits, an "x" and hex).
+SUMMARY_PREFIX = ".summary-"
+REBUILT_TOKEN = "rebuilt"
+_SUMMARY_FILE = re.compile(r"\.summary-[0-9a-f]{16}-([0-9a-fx]+|rebuilt)\.json")
 # The token in a file name of ours: "<19-digit time>-<token>-..." (metadata, segments).
 _FILE_TOKEN = re.compile(r"\d{19}-([^-]+)-")
 # The writer token in a batch key "<19-digit time>-<token>-<seq>[.part...]".
@@ -191,6 +197,13 @@ def encode_run_id(run_id: str) -> str:
     """torchx's directory name for a run id: base32 of its bytes (UTF-8; torchx's ASCII for
     ASCII ids), uppercase and padded."""
     return b32encode(run_id.encode("utf-8")).decode("ascii")
+
+
+def summary_path(root_dir: str, run_id: str, writer: str) -> str:
+    """Where the store at ``root_dir`` keeps the summary of ``run_id`` by ``writer`` (see
+    "Summaries" above): named by a digest of the id, which a base32 name of the longest ids
+    would not fit beside a writer token."""
+    return posixpath.join(root_dir, f"{SUMMARY_PREFIX}{_digest(run_id)}-{writer}.json")
 
 
 def decode_run_id(name: str) -> str | None:
@@ -486,6 +499,13 @@ class _Storage:
             finally:
                 self.fs.invalidate_cache(path)
 
+    async def glob(self, pattern: str) -> list[str]:
+        """The paths matching ``pattern`` (on object stores: a listing of the prefix before
+        its first wildcard)."""
+        with _mapped(f"listing of {pattern}"):
+            self.fs.invalidate_cache(posixpath.dirname(pattern))
+            return [str(p) for p in await self._call("glob", pattern)]
+
     async def exists(self, path: str) -> bool:
         with _mapped(f"lookup of {path}"):
             return bool(await self._call("exists", path))
@@ -582,9 +602,15 @@ class AsyncFsspecTracker(AsyncTrackerBase):
         # This process's summary of each (run, writer token) it writes: touched on the loop
         # only (write_batch and the direct calls), each behind its own lock.
         self._tallies: dict[tuple[str, str], _Tally] = {}
+        # This process's last heartbeat of each run it writes: (time, interval_s).
+        self._beats: dict[str, tuple[float, float]] = {}
 
     def _run_dir(self, run_id: str) -> str:
         return posixpath.join(self.root_dir, encode_run_id(run_id))
+
+    def summary_path(self, run_id: str, writer: str) -> str:
+        """The file of the summary of ``run_id`` by ``writer`` (a token, or ``rebuilt``)."""
+        return summary_path(self.root_dir, run_id, writer)
 
     def _path(self, run_id: str, *parts: str) -> str:
         return posixpath.join(self._run_dir(run_id), *parts)
@@ -677,6 +703,11 @@ class AsyncFsspecTracker(AsyncTrackerBase):
                 edges.append(back)
         await self._storage.rm_many(edges)
         await self._storage.rm_tree(self._run_dir(run_id))
+        # The summaries after the directory: a reader in between sees summaries without a run
+        # (skipped), never a run without its summaries (which it would rebuild and keep).
+        await self._storage.rm_many(
+            await self._storage.glob(self.summary_path(run_id, "*"))
+        )
         # This process's summaries of the run would otherwise carry on from the deleted one.
         for key in [k for k in self._tallies if k[0] == run_id]:
             del self._tallies[key]
@@ -696,9 +727,20 @@ class AsyncFsspecTracker(AsyncTrackerBase):
     async def heartbeat(self, run_id: str, interval_s: float) -> None:
         """Writes ``heartbeat/<writer token>.json``: the time now and the interval, which
         readers need to tell a live run from a crashed one (see :meth:`run_status`)."""
+        now = time.time()
         path = self._path(run_id, HEARTBEAT_DIR, f"{_names.token}.json")
         with _mapped(f"write of run {run_id!r}"):
-            await self._put_json(run_id, path, {"time": time.time(), "interval_s": interval_s})
+            await self._put_json(run_id, path, {"time": now, "interval_s": interval_s})
+            # The same beat in the summaries this process writes of the run (its batches'
+            # writer token; replays of other processes' batches too: this process is live),
+            # which the run list reads alone; one not written yet takes it with its first
+            # batch (see _update_summary).
+            self._beats[run_id] = (now, interval_s)
+            for (run, _), tally in list(self._tallies.items()):
+                if run == run_id and tally.loaded:
+                    async with tally.lock:
+                        tally.summary = dataclasses.replace(tally.summary, beat=(now, interval_s))
+                        await self._put_summary(run_id, tally)
 
     async def run_status(
         self, run_id: str, now: float | None = None
@@ -778,13 +820,12 @@ class AsyncFsspecTracker(AsyncTrackerBase):
         )
         if batch.end is not None:
             self._tallies.pop((run_id, writer), None)  # a later life reloads it from the store
+            self._beats.pop(run_id, None)
 
     def _tally(self, run_id: str, writer: str) -> _Tally:
         tally = self._tallies.get((run_id, writer))
         if tally is None:
-            tally = self._tallies[(run_id, writer)] = _Tally(
-                self._path(run_id, SUMMARY_DIR, f"{writer}.json")
-            )
+            tally = self._tallies[(run_id, writer)] = _Tally(self.summary_path(run_id, writer))
         return tally
 
     async def _update_summary(self, run_id: str, tally: _Tally, batch: _Counted | None) -> None:
@@ -807,28 +848,33 @@ class AsyncFsspecTracker(AsyncTrackerBase):
                         time.time(), key=key, seq=seq, params=params, metrics=metrics,
                         first_time=first if math.isfinite(first) else None, end=end,
                     )  # fmt: skip
-            data = _encode_json(tally.summary.to_json(), tally.path)
-            await self._storage.put(tally.path, data, self._path(run_id, TMP_DIR))
+            beat = self._beats.get(run_id)
+            if beat is not None and (tally.summary.beat or (0.0,))[0] < beat[0]:
+                tally.summary = dataclasses.replace(tally.summary, beat=beat)
+            await self._put_summary(run_id, tally)
+
+    async def _put_summary(self, run_id: str, tally: _Tally) -> None:
+        """Writes the tally's summary whole (the caller holds its lock), with the run id:
+        the file's name holds only a digest of it."""
+        data = _encode_json({**tally.summary.to_json(), "run": run_id}, tally.path)
+        await self._storage.put(tally.path, data, self._path(run_id, TMP_DIR))
 
     async def _load(self, run_id: str, tally: _Tally) -> None:
         """At a writer's first write to a run in this process, what its summary holds in the
         store: a replay by another process, or a later life in this one, continues it. A run
-        with no summary at all that holds records already (before this writer's first
-        files) was written by an older version or by torchx: the summary says so
-        (``prior``), and readers summarise the run's files once (see :meth:`_rebuild`)."""
+        that holds records already, before this writer's first files, and no summary of this
+        writer may hold records no summary counts (written by an older version or by torchx):
+        the summary says so (``prior``), and readers summarise the run's files once (see
+        :meth:`_rebuild`; each writer's own summary then replaces its part)."""
         if tally.loaded:
             return
         async with tally.lock:
             if tally.loaded:
                 return  # loaded by a call that held the lock meanwhile
-            folder = posixpath.dirname(tally.path)
-            try:
-                names = {name for name, _ in await self._storage.ls(folder)}
-            except NotADirectory:
-                names = set()
-            if posixpath.basename(tally.path) in names:
-                tally.summary = await self._stored_summary(tally.path) or tally.summary
-            elif not names:
+            stored = await self._stored_summary(tally.path)
+            if stored is not None:
+                tally.summary = stored
+            else:
                 entries = await self._listing_or_none(self._run_dir(run_id)) or []
                 if not _RECORD_PARTS.isdisjoint(name for name, _ in entries):
                     tally.summary = dataclasses.replace(tally.summary, prior=True)
@@ -1148,15 +1194,17 @@ class AsyncFsspecTracker(AsyncTrackerBase):
     # -- summaries: the run list ----------------------------------------------------------------
     async def run_summaries(self, now: float | None = None) -> list[RunSummary]:
         """Every run's summary (in no particular order), from the writers' summary files:
-        one listing of the store, then per run a listing of ``summary/`` and a read of each
-        file in it (on local disk all of it in one worker-thread call).
+        one listing of the store's root, then a read of each summary file (on local disk
+        all of it in one worker-thread call).
 
-        The status comes from the summaries' endings, by :meth:`run_status`'s rules; a run
-        no summary says ended gets :meth:`run_status` itself (its status and heartbeat
-        files: ``running`` or ``crashed``, or an ending its summary does not hold yet). A
-        run without any summary (written before summaries existed, or by torchx) is
-        summarised from its files once, and that is written as ``summary/rebuilt.json`` if
-        the store takes it (a read-only store: rebuilt again at the next read)."""
+        The status comes from the summaries' endings, by :meth:`run_status`'s rules. A run
+        no summary says ended is ``running`` while a writer's heartbeat in its summary is
+        recent; else (every heartbeat old, or none: torchx's runs) it gets
+        :meth:`run_status` itself, from its status and heartbeat files: ``crashed``, an
+        ending its summary does not hold yet (a write that failed between the two), or
+        ``running``. A run without any summary (written before summaries existed, or by
+        torchx) is summarised from its files once, and that is kept as its ``rebuilt``
+        summary if the store takes it (a read-only store: rebuilt again at the next read)."""
         now = time.time() if now is None else now
         skipped = _Skipped()
         if self._storage.stages:
@@ -1184,10 +1232,16 @@ class AsyncFsspecTracker(AsyncTrackerBase):
                 if w.status in _STATUS_RANK and w.end is not None
             ]
             endings.append(_last_life_ending(ended) if ended else None)
-        unended = [f.run_id for f, e in zip(runs, endings) if e is None]
+        live: dict[str, tuple[str, float | None]] = {}
+        for f, e in zip(runs, endings):
+            beats = [w.beat for w in f.merged().values() if w.beat is not None]
+            if e is None and any(now - t <= CRASHED_AFTER_BEATS * every for t, every in beats):
+                live[f.run_id] = ("running", None)
+        unended = [f.run_id for f, e in zip(runs, endings) if e is None and f.run_id not in live]
         statuses = dict(
             zip(unended, await _gather_bounded([self.run_status(r, now) for r in unended]))
         )
+        statuses.update(live)
         skipped.warn()
         out = []
         for f, ending in zip(runs, endings):
@@ -1198,34 +1252,34 @@ class AsyncFsspecTracker(AsyncTrackerBase):
 
     async def _run_dirs(self, skipped: _Skipped) -> list[tuple[str, str]]:
         """``(directory name, run id)`` of each directory under the root named by a run id
-        (one listing); whatever else is there is named in ``skipped``."""
+        (one listing); whatever else is there, summaries aside, is named in ``skipped``."""
+        return (await self._root(skipped))[0]
+
+    async def _root(self, skipped: _Skipped) -> tuple[list[tuple[str, str]], list[str]]:
+        """One listing of the root: its run directories (as :meth:`_run_dirs`) and the
+        names of its summary files."""
         try:
             listing = await self._storage.ls(self.root_dir)
         except NotADirectory:
             skipped.add(self.root_dir, "a file where the store's directory should be")
-            return []
-        found: list[tuple[str, str]] = []
+            return [], []
+        runs: list[tuple[str, str]] = []
+        summaries: list[str] = []
         for name, kind in listing:
-            run_id = decode_run_id(name)
-            if run_id is None:
-                skipped.add(posixpath.join(self.root_dir, name), "not a run: no base32 name")
-            elif kind != "directory":
-                skipped.add(posixpath.join(self.root_dir, name), "a file, not a run directory")
-            else:
-                found.append((name, run_id))
-        return found
+            why = _root_entry(name, kind == "directory", runs, summaries)
+            if why:
+                skipped.add(posixpath.join(self.root_dir, name), why)
+        return runs, summaries
 
     async def _scan(self, skipped: _Skipped) -> list[_Found]:
-        found = [_Found(run_id) for _, run_id in await self._run_dirs(skipped)]
-        files = await _gather_bounded(
-            [self._read_files(self._path(f.run_id, SUMMARY_DIR), skipped) for f in found]
-        )
-        for f, (contents, _) in zip(found, files):
-            for name, data in contents:
-                why = f.add(name, data)
-                if why:
-                    skipped.add(self._path(f.run_id, SUMMARY_DIR, name), why)
-        return found
+        runs, names = await self._root(skipped)
+        found = {run_id: _Found(run_id) for _, run_id in runs}
+        paths = [posixpath.join(self.root_dir, name) for name in names]
+        for path, data in zip(paths, await _gather_bounded([self._storage.get(p) for p in paths])):
+            why = _add_summary(found, posixpath.basename(path), data)
+            if why:
+                skipped.add(path, why)
+        return list(found.values())
 
     async def _rebuild(self, run_id: str, skipped: _Skipped) -> dict[str, WriterSummary] | None:
         """The summary of each writer token found in the run's file names (``""`` for files
@@ -1293,8 +1347,8 @@ class AsyncFsspecTracker(AsyncTrackerBase):
                 status=ending[0] if ending else None, end=ending[1] if ending else None,
                 life_start=ending[2] if ending else 0.0,
             )  # fmt: skip
-        path = self._path(run_id, SUMMARY_DIR, REBUILT_SUMMARY)
-        content = {"v": 1, "writers": {t: w.to_json() for t, w in writers.items()}}
+        path = self.summary_path(run_id, REBUILT_TOKEN)
+        content = {"v": 1, "run": run_id, "writers": {t: w.to_json() for t, w in writers.items()}}
         try:
             await self._put_json(run_id, path, content)
         except BackendError as exc:  # a read-only store: rebuilt again next time
@@ -1306,41 +1360,64 @@ class AsyncFsspecTracker(AsyncTrackerBase):
 
 
 class _Found:
-    """One run directory's summary files as a read found them."""
+    """One run directory and its summaries, as a read of the root found them."""
 
     def __init__(self, run_id: str) -> None:
         self.run_id = run_id
         self.writers: dict[str, WriterSummary] = {}
         self.rebuilt: dict[str, WriterSummary] | None = None
 
-    def add(self, name: str, data: bytes) -> str:
-        """Takes the file ``name`` of ``summary/``; what is wrong with it ("" if nothing)."""
-        if not name.endswith(".json"):
-            return "not a run summary"
-        try:
-            content = orjson.loads(data)
-            if name == REBUILT_SUMMARY:
-                if not isinstance(content, dict) or content.get("v") != 1:
-                    raise ValueError("not a rebuilt run summary (version 1)")
-                self.rebuilt = {
-                    str(t): WriterSummary.from_json(w) for t, w in dict(content["writers"]).items()
-                }
-            else:
-                self.writers[name[: -len(".json")]] = WriterSummary.from_json(content)
-        except (*_UNPARSEABLE, orjson.JSONDecodeError) as exc:
-            return f"{type(exc).__name__}: {exc}"
-        return ""
-
     def merged(self) -> dict[str, WriterSummary]:
         """The writers' summaries: each writer's own, else the rebuilt one of its token."""
         return {**(self.rebuilt or {}), **self.writers}
+
+
+def _root_entry(
+    name: str, is_dir: bool, runs: list[tuple[str, str]], summaries: list[str]
+) -> str:
+    """Sorts one entry of the root into ``runs`` (``(name, run id)``) or ``summaries``;
+    why it is neither ("" if it is one)."""
+    if _SUMMARY_FILE.fullmatch(name) and not is_dir:
+        summaries.append(name)
+        return ""
+    run_id = decode_run_id(name)
+    if run_id is None:
+        return "not a run: no base32 name"
+    if not is_dir:
+        return "a file, not a run directory"
+    runs.append((name, run_id))
+    return ""
+
+
+def _add_summary(found: Mapping[str, _Found], name: str, data: bytes | None) -> str:
+    """Adds the summary file ``name`` (its content ``data``) to its run in ``found``; what is
+    wrong with it ("" if nothing). A file removed meanwhile (None), or the summary of a run
+    whose directory is gone (deleted while a writer still wrote), is passed over."""
+    matched = _SUMMARY_FILE.fullmatch(name)
+    if data is None or matched is None:
+        return ""
+    try:
+        content = orjson.loads(data)
+        if not isinstance(content, dict) or content.get("v") != 1:
+            raise ValueError("not a run summary (version 1)")
+        f = found.get(str(content["run"]))
+        if f is None:
+            return ""
+        if matched.group(1) == REBUILT_TOKEN:
+            f.rebuilt = {
+                str(t): WriterSummary.from_json(w) for t, w in dict(content["writers"]).items()
+            }
+        else:
+            f.writers[matched.group(1)] = WriterSummary.from_json(content)
+    except (*_UNPARSEABLE, orjson.JSONDecodeError) as exc:
+        return f"{type(exc).__name__}: {exc}"
+    return ""
 
 
 def _scan_local(root: str) -> tuple[list[_Found], list[tuple[str, str]]]:
     """:meth:`AsyncFsspecTracker._scan` on local disk, in one blocking call (a worker
     thread's): os calls straight, no fsspec layer nor thread hop per file; 10,000 runs read
     in a fraction of a second. Also what it skipped: ``(path, why)``."""
-    found: list[_Found] = []
     bad: list[tuple[str, str]] = []
     try:
         entries = list(os.scandir(root))
@@ -1348,35 +1425,24 @@ def _scan_local(root: str) -> tuple[list[_Found], list[tuple[str, str]]]:
         return [], []
     except NotADirectoryError:
         return [], [(root, "a file where the store's directory should be")]
+    runs: list[tuple[str, str]] = []
+    names: list[str] = []
     for entry in entries:
-        run_id = decode_run_id(entry.name)
-        if run_id is None:
-            bad.append((entry.path, "not a run: no base32 name"))
-            continue
-        if not entry.is_dir():
-            bad.append((entry.path, "a file, not a run directory"))
-            continue
-        f = _Found(run_id)
-        found.append(f)
-        directory = os.path.join(entry.path, SUMMARY_DIR)
+        why = _root_entry(entry.name, entry.is_dir(), runs, names)
+        if why:
+            bad.append((entry.path, why))
+    found = {run_id: _Found(run_id) for _, run_id in runs}
+    for name in names:
+        path = os.path.join(root, name)
         try:
-            names = os.listdir(directory)
-        except (FileNotFoundError, NotADirectoryError):
-            continue
-        for name in names:
-            path = os.path.join(directory, name)
-            try:
-                with open(path, "rb") as file:
-                    data = file.read()
-            except FileNotFoundError:
-                continue  # removed meanwhile
-            except IsADirectoryError:
-                bad.append((path, "a directory where files are kept"))
-                continue
-            why = f.add(name, data)
-            if why:
-                bad.append((path, why))
-    return found, bad
+            with open(path, "rb") as file:
+                data: bytes | None = file.read()
+        except FileNotFoundError:
+            data = None  # removed meanwhile
+        why = _add_summary(found, name, data)
+        if why:
+            bad.append((path, why))
+    return list(found.values()), bad
 
 
 def _file_token(name: str) -> str:

@@ -99,9 +99,12 @@ class WriterSummary:
     life_start: float = 0.0
     seq: int = -1
     keys: frozenset[str] = frozenset()
-    # The run held records before this writer's first write and no summary: written by an
-    # older version (or torchx), which a reader summarises from the run's files.
+    # The run held records before this writer's first write and no summary of it: written
+    # by an older version (or torchx), which a reader summarises from the run's files.
     prior: bool = False
+    # The writer's last heartbeat while it is live: ``(time, interval_s)``. Kept here so
+    # that a reader of the run list tells a live run from a crashed one without another read.
+    beat: tuple[float, float] | None = None
 
     def to_json(self) -> dict[str, object]:
         return {
@@ -114,6 +117,7 @@ class WriterSummary:
             "seq": self.seq,
             "keys": sorted(self.keys),
             "prior": self.prior,
+            "beat": list(self.beat) if self.beat is not None else None,
             "params": {k: [ns, v] for k, (ns, v) in self.params.items()},
             "metrics": {name: m.to_json() for name, m in self.metrics.items()},
         }
@@ -138,6 +142,7 @@ class WriterSummary:
             seq=int(get("seq", -1)),
             keys=_texts(get("keys")),
             prior=bool(get("prior", False)),
+            beat=_beat(get("beat")),
         )
 
     def counted(self, key: str, seq: int) -> bool:
@@ -270,6 +275,15 @@ def merge(
 
 
 _NONE: frozenset[str] = frozenset()
+
+
+def _beat(value: Any) -> tuple[float, float] | None:
+    if value is None:
+        return None
+    when, every = value
+    if not float(every) > 0:
+        raise ValueError(f"heartbeat interval {every!r} is not > 0")
+    return float(when), float(every)
 
 
 def _texts(values: Any) -> frozenset[str]:

@@ -60,9 +60,7 @@ def url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     return str(request.getfixturevalue("s3_store"))
 
 
-def test_rm_by_prefix_deletes_those_runs_only(
-    url: str, capsys: pytest.CaptureFixture[str]
-) -> None:
+def test_rm_by_prefix_deletes_those_runs_only(url: str, capsys: pytest.CaptureFixture[str]) -> None:
     write(url, KEEP, GONE, OTHER)
     kept = as_sync(open_store(url))
     before = (kept.metadata(KEEP), read_metrics(kept, KEEP))
@@ -75,8 +73,16 @@ def test_rm_by_prefix_deletes_those_runs_only(
     assert listed(url, capsys) == {KEEP}
     assert (kept.metadata(KEEP), read_metrics(kept, KEEP)) == before
     if not url.startswith("s3://"):
-        # Nothing of theirs is left: summary/, status/, heartbeat/, claim.json went too.
-        assert sorted(p.name for p in Path(url).iterdir()) == [encode_run_id(KEEP)]
+        # Nothing of theirs is left: status/, heartbeat/, claim.json and their summaries
+        # went too.
+        left = sorted(p.name for p in Path(url).iterdir())
+        kept_summaries = [
+            p.rsplit("/", 1)[1]
+            for p in kept.async_tracker.fs.glob(  # type: ignore[attr-defined]
+                kept.async_tracker.summary_path(KEEP, "*")
+            )
+        ]  # type: ignore[attr-defined]
+        assert left == sorted([encode_run_id(KEEP), *kept_summaries]) and kept_summaries
 
     # A run already gone: an unknown id, nothing done.
     assert main(["--store", url, "rm", GONE, "--yes"]) == 2
@@ -192,9 +198,7 @@ def test_rm_deletes_a_dead_process_spool(
         "run.log_metric('loss', 5.0, step=1)\n"
         "assert run.close(0.2).spooled == 1\n"
     )
-    subprocess.run(
-        [sys.executable, "-c", job, str(spool)], check=True, env=child_env(), timeout=60
-    )
+    subprocess.run([sys.executable, "-c", job, str(spool)], check=True, env=child_env(), timeout=60)
     assert has_spool(spool, GONE)
     monkeypatch.setenv("ASYNC_TRACKER_SPOOL_DIR", str(spool))
 

@@ -18,11 +18,12 @@ from fsspec.implementations.local import LocalFileSystem
 
 from async_tracker import AppRun
 from async_tracker.backend.fsspec import (
-    REBUILT_SUMMARY,
-    SUMMARY_DIR,
+    REBUILT_TOKEN,
+    SUMMARY_PREFIX,
     AsyncFsspecTracker,
     FsspecTracker,
     encode_run_id,
+    summary_path,
 )
 from async_tracker.init_run import open_store
 from async_tracker.records import Batch, TrackerMetric
@@ -39,20 +40,31 @@ def summaries(root: Path | str, now: float | None = None) -> dict[str, RunSummar
     return {r.run_id: r for r in runtime().loop.call(store.run_summaries, now)}
 
 
-def summary_dir(root: Path, run_id: str = RUN) -> Path:
-    return root / encode_run_id(run_id) / SUMMARY_DIR
+def writer_summaries(root: Path, run_id: str = RUN) -> list[Path]:
+    """The files of the writers' summaries of ``run_id`` (the rebuilt one aside)."""
+    rebuilt = rebuilt_summary(root, run_id)
+    return sorted(p for p in root.glob(Path(summary_path(str(root), run_id, "*")).name)
+                  if p != rebuilt)  # fmt: skip
+
+
+def rebuilt_summary(root: Path, run_id: str = RUN) -> Path:
+    return Path(summary_path(str(root), run_id, REBUILT_TOKEN))
+
+
+def token_of(summary: Path) -> str:
+    return summary.name.rsplit("-", 1)[1].removesuffix(".json")
 
 
 class CountingFS(LocalFileSystem):  # type: ignore[misc]  # fsspec is untyped
-    """The local filesystem, counting the files it puts in place under a ``summary/``
-    folder (a staged write ends with a move; an unstaged one is a pipe)."""
+    """The local filesystem, counting the summary files it puts in place (a staged write
+    ends with a move; an unstaged one is a pipe)."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.summary_writes = 0
 
     def mv(self, path1: Any, path2: Any, **kwargs: Any) -> None:
-        if f"/{SUMMARY_DIR}/" in str(path2):
+        if f"/{SUMMARY_PREFIX}" in str(path2):
             self.summary_writes += 1
         super().mv(path1, path2, **kwargs)
 
@@ -117,7 +129,7 @@ def test_summaries_of_two_processes_writing_one_run_merge(tmp_path: Path) -> Non
     finally:
         for child in ranks:
             child.close()
-    assert len(list(summary_dir(root).iterdir())) == 2  # one per process
+    assert len(writer_summaries(root)) == 2  # one per process
     run = summaries(root)[RUN]
     assert run.status == "finished"
     assert {run.params["rank0"], run.params["rank1"]} == {0, 1}
@@ -199,7 +211,7 @@ def test_a_batch_written_twice_counts_once(tmp_path: Path) -> None:
     assert (loss.count, loss.last_step) == (30, 29)
     stored = FsspecTracker(fsspec.filesystem("file"), root).metrics(RUN)["loss"]
     assert [p.step for p in stored] == list(range(30))
-    assert [p.name for p in summary_dir(tmp_path / "runs").iterdir()] == [f"{token}.json"]
+    assert [token_of(p) for p in writer_summaries(tmp_path / "runs")] == [token]
 
 
 def write_run(root: Path, run_id: str = RUN, points: int = 20) -> None:
@@ -213,10 +225,10 @@ def test_a_run_without_summaries_is_rebuilt_once(tmp_path: Path) -> None:
     root = tmp_path / "runs"
     write_run(root)
     expected = summaries(root)[RUN]
-    kept = {p.name: p.read_bytes() for p in summary_dir(root).iterdir()}
-    for p in summary_dir(root).iterdir():  # as a store written before summaries existed
+    kept = {p.name: p.read_bytes() for p in writer_summaries(root)}
+    for p in writer_summaries(root):  # as a store written before summaries existed
         p.unlink()
-    rebuilt_at = summary_dir(root) / REBUILT_SUMMARY
+    rebuilt_at = rebuilt_summary(root)
     found = summaries(root)[RUN]
     assert rebuilt_at.exists()
     assert (found.status, found.params, found.metrics) == (
@@ -230,7 +242,7 @@ def test_a_run_without_summaries_is_rebuilt_once(tmp_path: Path) -> None:
     # A writer whose own summary lands after the rebuild (it was writing meanwhile): its
     # summary replaces its part of the rebuilt one, nothing counts twice.
     for name, data in kept.items():
-        (summary_dir(root) / name).write_bytes(data)
+        (root / name).write_bytes(data)
     assert summaries(root)[RUN].metrics == expected.metrics
 
 
@@ -244,7 +256,7 @@ def test_a_run_written_by_the_direct_api_only_is_summarised(tmp_path: Path) -> N
     run = summaries(root)[RUN]
     assert run.params == {"lr": 0.4} and run.metrics["acc"].count == 2
     assert run.start == 10.0 and run.status == "running"
-    assert not (summary_dir(root) / REBUILT_SUMMARY).exists()
+    assert not rebuilt_summary(root).exists()
 
 
 def test_a_directory_that_is_no_run_is_not_listed(tmp_path: Path) -> None:
@@ -255,32 +267,32 @@ def test_a_directory_that_is_no_run_is_not_listed(tmp_path: Path) -> None:
     other.mkdir(parents=True)
     (other / "x").write_text("")
     assert set(summaries(root)) == {RUN}
-    assert not (root / encode_run_id("dataset/v1") / SUMMARY_DIR).exists()
+    assert not rebuilt_summary(root, "dataset/v1").exists()
 
 
 def test_an_old_run_resumed_by_a_new_writer_lists_both(tmp_path: Path) -> None:
     root = tmp_path / "runs"
     write_run(root, points=20)
-    for p in summary_dir(root).iterdir():  # the first life, written before summaries existed
+    for p in writer_summaries(root):  # the first life, written before summaries existed
         p.unlink()
     with AppRun(RUN, [open_store(root)], heartbeat_s=0) as run:  # a new version resumes it
         run.add_metadata(lr=0.2, stage=2)
         for step in range(20, 30):
             run.log_metric("loss", 0.5, step=step)
-    (own,) = summary_dir(root).iterdir()
+    (own,) = writer_summaries(root)
     assert json.loads(own.read_text())["prior"] is True
     found = summaries(root)[RUN]
     assert found.params == {"lr": 0.2, "epochs": 3, "stage": 2}
     loss = found.metrics["loss"]
     assert (loss.count, loss.last, loss.min, loss.max, loss.last_step) == (30, 0.5, 0.5, 20, 29)
-    assert (summary_dir(root) / REBUILT_SUMMARY).exists()
+    assert rebuilt_summary(root).exists()
     assert summaries(root)[RUN] == found  # from the rebuilt summary and the writer's own
 
 
 def test_a_new_run_is_not_rebuilt(tmp_path: Path) -> None:
     root = tmp_path / "runs"
     write_run(root)
-    (own,) = summary_dir(root).iterdir()
+    (own,) = writer_summaries(root)
     assert json.loads(own.read_text())["prior"] is False
     summaries(root)
-    assert not (summary_dir(root) / REBUILT_SUMMARY).exists()
+    assert not rebuilt_summary(root).exists()

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from async_tracker.backend.fsspec import REBUILT_SUMMARY, SUMMARY_DIR, encode_run_id
+from async_tracker.backend.fsspec import REBUILT_TOKEN, summary_path
 from async_tracker.cli.main import main
 from tests.fsspec.conftest import torchx_python  # noqa: F401
 from tests.fsspec.test_torchx_interop import WRITE_WITH_TORCHX
@@ -31,7 +31,7 @@ def test_list_jobs_of_a_store_torchx_wrote(
     # torchx's runs never end nor beat: running, as they always were.
     assert child["params"] == {"lr": 0.2, "layers": [1, 2]} and child["status"] == "running"
     assert rows["local://torchx/parent"]["params"] == {"kind": "parent"}
-    rebuilt = root / encode_run_id("local://torchx/child") / SUMMARY_DIR / REBUILT_SUMMARY
+    rebuilt = Path(summary_path(str(root), "local://torchx/child", REBUILT_TOKEN))
     inode = rebuilt.stat().st_ino
     assert main(["--json", "list", "jobs", "--store", str(root)]) == 0
     assert {r["run_id"]: r for r in json.loads(capsys.readouterr().out)} == rows
