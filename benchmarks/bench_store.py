@@ -15,6 +15,9 @@ requests, ``S3FileSystem._call_s3``):
 * ``summaries``: ``run_summaries()`` (what ``list jobs`` reads), median of ``--rounds``;
 * ``list jobs``: the command, ``python -m async_tracker list jobs --store ...`` in a fresh
   interpreter (imports and printing the 50 newest included), wall time, local disk only;
+* ``filter+sort``: ``Store(url).runs(filter=FILTER, sort="-loss.min", limit=50)``, median;
+* ``DataFrame``: ``Store(url).metrics(BIG_RUN)``, one run's 100,000 points (2 metrics, written
+  by ``AppRun``) into a pandas DataFrame, median;
 * ``old way``: what ``list jobs`` did before summaries (every run's metadata, metrics and
   status read through the tracker API), for stores up to ``--old-up-to`` runs;
 * ``rebuild``: the first listing of the same store with its summaries removed (as written
@@ -41,16 +44,20 @@ import fsspec.config
 
 from async_tracker import AppRun
 from async_tracker.adapters import as_sync
-from async_tracker.backend.fsspec import SUMMARY_DIR, AsyncFsspecTracker
+from async_tracker.backend.fsspec import AsyncFsspecTracker
 from async_tracker.init_run import open_store
 from async_tracker.records import Batch, TrackerMetric
 from async_tracker.runtime.process import runtime
+from async_tracker.store.api import Store
 from async_tracker.store.runs import read_runs
 from tests.s3_requests import counting
 
 POINTS = 50
 TOKEN = "1795000000000000000xbe0c4"
 REAL_RUNS = 3
+BIG_RUN = "bench/big"
+BIG_STEPS = 50_000
+FILTER = "lr>=0.001 and status==finished and not tag:baseline"
 
 
 def batch_of(i: int) -> Batch:
@@ -93,9 +100,13 @@ def build(url: str, n: int) -> None:
             run.add_metadata(lr=0.1 * (i + 1), batch=32, model="mlp")
             for s in range(POINTS):
                 run.log_metrics({"loss": 1.0 / (s + 1), "accuracy": s / POINTS}, step=s)
+    with AppRun(BIG_RUN, [open_store(url)], heartbeat_s=0) as run:
+        run.add_metadata(lr=0.01, batch=64, model="big")
+        for s in range(BIG_STEPS):
+            run.log_metrics({"loss": 1.0 / (s + 1), "accuracy": s / BIG_STEPS}, step=s)
     backend = open_store(url)
     assert isinstance(backend, AsyncFsspecTracker)
-    runtime().loop.call(write_fast, backend, n - REAL_RUNS)
+    runtime().loop.call(write_fast, backend, n - REAL_RUNS - 1)
 
 
 def check(url: str, n: int) -> None:
@@ -140,12 +151,21 @@ def old_way(url: str) -> None:
 
 
 def drop_summaries(url: str, n: int) -> None:
-    fs, root = fsspec.core.url_to_fs(url)
-    for entry in fs.ls(root, detail=False):
-        path = f"{entry}/{SUMMARY_DIR}"
-        if fs.exists(path):
-            fs.rm(path, recursive=True)
+    backend = open_store(url)
+    assert isinstance(backend, AsyncFsspecTracker)
+    fs = backend.fs
+    fs.rm(fs.glob(f"{backend.root_dir}/.summary-*"))
     fs.invalidate_cache()
+
+
+def filtered(url: str) -> None:
+    runs = Store(url).runs(filter=FILTER, sort="-loss.min", limit=50)
+    assert len(runs) == 50, len(runs)
+
+
+def dataframe(url: str) -> None:
+    frame = Store(url).metrics(BIG_RUN)
+    assert len(frame) == 2 * BIG_STEPS, len(frame)
 
 
 def requests(url: str, fn: Callable[[str], object]) -> str:
@@ -173,6 +193,12 @@ def bench(url: str, n: int, args: argparse.Namespace, local: bool) -> None:
     line += f"summaries {timed(lambda: summaries(url), args.rounds):.3f} s"
     if not local:
         line += f" [{requests(url, summaries)}]"
+    line += f"; filter+sort {timed(lambda: filtered(url), args.rounds):.3f} s"
+    if not local:
+        line += f" [{requests(url, filtered)}]"
+    line += f"; DataFrame {timed(lambda: dataframe(url), args.rounds):.3f} s"
+    if not local:
+        line += f" [{requests(url, dataframe)}]"
     if local:
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [os.getcwd(), env.get("PYTHONPATH")]))

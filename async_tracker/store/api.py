@@ -22,6 +22,7 @@ from async_tracker.adapters import as_sync
 from async_tracker.base import TrackerBase
 from async_tracker.init_run import open_store
 from async_tracker.records import TrackerMetric
+from async_tracker.runtime.process import runtime
 from async_tracker.store.runs import read_runs, select
 from async_tracker.store.summary import RunSummary
 
@@ -85,14 +86,13 @@ class Store:
         An unknown run id raises ``KeyError``."""
         ids = [run_ids] if isinstance(run_ids, str) else list(run_ids)
         wanted = None if names is None else set(names)
-        known = set(self.tracker.run_ids())
         rows: list[tuple[str, str, int, float, float]] = []
         for run_id in ids:
-            if run_id not in known:
-                raise KeyError(f"no run {run_id!r} in {self!r}")
             # Every tracker of ours reads metrics; a plain torchx TrackerBase has none.
             read = getattr(self.tracker, "metrics", None)
             curves: dict[str, Sequence[TrackerMetric]] = dict(read(run_id)) if read else {}
+            if not curves and not self._exists(run_id):
+                raise KeyError(f"no run {run_id!r} in {self!r}")
             for name, points in curves.items():
                 if wanted is None or name in wanted:
                     rows.extend((run_id, name, p.step, p.value, p.timestamp) for p in points)
@@ -101,6 +101,15 @@ class Store:
         except ImportError:
             return [dict(zip(METRIC_COLUMNS, row)) for row in rows]
         return pandas.DataFrame.from_records(rows, columns=list(METRIC_COLUMNS))
+
+
+    def _exists(self, run_id: str) -> bool:
+        """Whether the store holds ``run_id``: asked about that run alone where the backend
+        can (the fsspec store: its directory), else from the list of every run id."""
+        exists = getattr(getattr(self.tracker, "async_tracker", None), "run_exists", None)
+        if exists is not None:
+            return bool(runtime().loop.call(exists, run_id))
+        return run_id in set(self.tracker.run_ids())
 
 
 def _run_id(run: RunSummary) -> str:
