@@ -81,10 +81,12 @@ class Sink(Protocol):
 class Ingress:
     """Records accepted by a run and not yet given their place in its order."""
 
-    __slots__ = ("_records", "append", "extend")
+    __slots__ = ("_records", "append", "extend", "taken")
 
     def __init__(self) -> None:
         self._records: deque[Record] = deque()
+        # Records taken out so far (by the loop): the writers' sign that it is not stuck.
+        self.taken = 0
         self.append: Callable[[Record], None] = self._records.append
         self.extend: Callable[[list[Record]], None] = self._records.extend
 
@@ -108,7 +110,9 @@ class Ingress:
         holding the old ``append`` could then lose a record."""
         n = min(limit, len(self._records))
         # popleft called n times from C: no Python loop per record.
-        return list(itertools.islice(iter(self._records.popleft, None), n))
+        out = list(itertools.islice(iter(self._records.popleft, None), n))
+        self.taken += n
+        return out
 
     def put_back(self, records: list[Record]) -> None:
         """Returns ``records`` (taken last, oldest first) to the front, where they were."""
@@ -156,7 +160,10 @@ class Packed:
         # Whether this thread may wait for room: not the tracker loop's own (a backend's or
         # the system metrics' write there would wait for itself).
         self._may_wait = may_wait or _always
-        self._stuck_at = 1 << 62  # the length when a wait ran out (see _wait)
+        # Points taken out so far (by the loop), and that count when a wait for room ran out
+        # (see _wait; -1: none did).
+        self.taken = 0
+        self._stuck_taken = -1
         # Set (once) by the run's seal: a writer that waited for room raises, not writes.
         self.sealed = False
         self._buf = bytearray()
@@ -197,13 +204,15 @@ class Packed:
         """Past the bound: waits for the loop to take points out (see the module's note).
         The seal is read after the wait, out of wait_for_room: a close that waits for the
         writers then sees this thread inside the write until it has raised or written.
-        After a wait ran out (a stuck loop), writes wait no more until the loop took some."""
-        n = len(self)
-        if self._may_wait() and n < self._stuck_at:
+        After a wait ran out (a stuck loop), writes wait no more until the loop took some:
+        then they wait again, so that a loop slowed down (not stuck) still holds the bound
+        within what writers add between two of its takes."""
+        if self._may_wait() and self.taken != self._stuck_taken:
+            taken = self.taken
             if wait_for_room(self._full, lambda: self.sealed):
-                self._stuck_at = 1 << 62
+                self._stuck_taken = -1
             else:
-                self._stuck_at = n
+                self._stuck_taken = taken
         if self.sealed:
             raise TrackerClosedError("the run was closed while this write waited for room")
 
@@ -250,6 +259,7 @@ class Packed:
 
     def _consume(self, size: int) -> None:
         self._offset += size
+        self.taken += size // POINT.size
         if self._offset >= len(self._front):
             self._front, self._offset = bytearray(), 0  # read whole: its memory goes
 

@@ -24,7 +24,6 @@ import concurrent.futures
 import enum
 import logging
 import os
-import sys
 import threading
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
@@ -316,9 +315,10 @@ class AppRun:
         self._queue = self._ingress.deque
         self._room = self.options.max_buffered
         self._overrun_due: list[None] = [None]  # said once (list.pop is atomic)
-        # The deque's length when a wait for room ran out (see _wait_for_room); a plain int
-        # that racing writers may each set: any of their values does.
-        self._stuck_at = sys.maxsize
+        # The ingress's count of records taken when a wait for room ran out (see
+        # _wait_for_room; -1: none did); a plain int that racing writers may each set: any
+        # of their values does.
+        self._stuck_taken = -1
         if not _backend_names or _owns_backends:
             # Not for the read-only runs _relative() makes: the run they came from said it.
             self._warn_skipped_metrics()
@@ -526,14 +526,17 @@ class AppRun:
         n = len(queue)
         if n < room or runtime().loop.in_loop_thread():
             return  # room; or the loop's own thread (system metrics), which cannot wait on itself
-        if n >= self._stuck_at:
+        taken = self._ingress.taken
+        if taken == self._stuck_taken:
             # A wait ran out and the loop has taken nothing since (it is stuck: an async
-            # backend blocking it): not a second per write; the waits resume once it drains.
+            # backend blocking it): not a second per write. The waits resume once it takes
+            # any: a loop slowed down, not stuck, still holds the bound within what the
+            # writers add between two of its takes.
             return
         if wait_for_room(lambda: len(queue) >= room, lambda: self.closed):
-            self._stuck_at = sys.maxsize
+            self._stuck_taken = -1
         else:
-            self._stuck_at = len(queue)
+            self._stuck_taken = taken
             self._overrun()
 
     def _overrun(self) -> None:

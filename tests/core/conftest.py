@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -44,3 +45,11 @@ def child() -> Iterator[Callable[..., Child]]:
     yield start
     for c in children:
         c.close()
+
+
+@pytest.fixture
+def release() -> Iterator[threading.Event]:
+    """An event that ends the hangs of a test when it is over (set even if the test fails)."""
+    event = threading.Event()
+    yield event
+    event.set()

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import anyio
 import pytest
@@ -16,13 +16,6 @@ from tests.core.helpers import FAST_RETRY, wait_until
 from tests.faulty import FaultyTracker, Hang
 
 MakeRun = Callable[..., AppRun]
-
-
-@pytest.fixture
-def release() -> Iterator[threading.Event]:
-    event = threading.Event()
-    yield event
-    event.set()
 
 
 async def test_async_with_reads_and_close() -> None:

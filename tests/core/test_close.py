@@ -12,7 +12,7 @@ That the deadline is kept to the letter is proved under a virtual clock, in
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -23,14 +23,6 @@ from tests.core.helpers import Child, wait_until
 from tests.faulty import BlockLoop, FaultyTracker, Hang, HangingTracker, RefuseIf, Slow
 
 MakeRun = Callable[..., AppRun]
-
-
-@pytest.fixture
-def release() -> Iterator[threading.Event]:
-    """An event that ends the hangs of a test when it is over (set even if the test fails)."""
-    event = threading.Event()
-    yield event
-    event.set()
 
 
 def undelivered(report: FlushReport) -> int:

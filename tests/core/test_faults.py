@@ -8,7 +8,7 @@ round of attempts. Time never decides an outcome.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import pytest
 
@@ -34,13 +34,6 @@ from tests.faulty import (
 )
 
 MakeRun = Callable[..., AppRun]
-
-
-@pytest.fixture
-def release() -> Iterator[threading.Event]:
-    event = threading.Event()
-    yield event
-    event.set()
 
 
 def stored(faulty: FaultyTracker) -> InMemoryTracker:
