@@ -201,6 +201,14 @@ def decode_run_id(name: str) -> str | None:
         return None
 
 
+def _beside_runs(name: str, is_dir: bool) -> bool:
+    """Whether an entry of the store's root that is not named as a run is the store's own,
+    skipped without a word: a file (its fsspec config file, a ``.torchxconfig``, a plot) or
+    a hidden folder. A run is a directory with a base32 name, so these cannot be a damaged
+    run, and naming them at every read would bury the warnings that matter."""
+    return not is_dir or name.startswith(".")
+
+
 class _Names:
     """Unique, time-ordered object names for this process: its token is new in a forked child
     (a pid check; with its own counter and lock, never one the parent's threads held)."""
@@ -1207,6 +1215,8 @@ class AsyncFsspecTracker(AsyncTrackerBase):
         found: list[tuple[str, str]] = []
         for name, kind in listing:
             run_id = decode_run_id(name)
+            if run_id is None and _beside_runs(name, kind == "directory"):
+                continue
             if run_id is None:
                 skipped.add(posixpath.join(self.root_dir, name), "not a run: no base32 name")
             elif kind != "directory":
@@ -1350,6 +1360,8 @@ def _scan_local(root: str) -> tuple[list[_Found], list[tuple[str, str]]]:
         return [], [(root, "a file where the store's directory should be")]
     for entry in entries:
         run_id = decode_run_id(entry.name)
+        if run_id is None and _beside_runs(entry.name, entry.is_dir()):
+            continue
         if run_id is None:
             bad.append((entry.path, "not a run: no base32 name"))
             continue
