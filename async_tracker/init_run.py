@@ -18,7 +18,9 @@ import errno
 import logging
 import os
 import random
+import shlex
 import socket
+import sys
 import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
@@ -36,7 +38,7 @@ from async_tracker.factory import AnyTracker, build_tracker
 from async_tracker.records import check_name
 from async_tracker.run import AppRun
 from async_tracker.runtime.process import runtime
-from async_tracker.settings import CLOSE_SLACK_S, RunOptions, init_timeout
+from async_tracker.settings import CLOSE_SLACK_S, RunOptions, init_timeout, silent
 from async_tracker.spool import check_run_id, default_spool_dir, has_spool, spooled_last_steps
 from async_tracker.tags import check_note, tag_metadata
 
@@ -93,6 +95,7 @@ def init(
     backends: Sequence[AnyTracker | str] = (),
     tags: Sequence[str] = (),
     note: str | None = None,
+    quiet: bool | None = None,
     **options: Any,
 ) -> AppRun:
     """A new run of ``project`` in a local store, ready for ``with``.
@@ -131,6 +134,8 @@ def init(
             ``"mlflow"``, ``module:attr``) built with no config.
         tags: tags the run gets (``AppRun.add_tags``); a resumed run keeps the tags it had.
         note: the run's note (``AppRun.set_note``), when given.
+        quiet: True: print nothing. By default the start prints one line on stderr: the run
+            id, its store, and the commands that show it (``$ASYNC_TRACKER_SILENT=1``: none).
         options: ``AppRun`` options (``flush_interval``, ``durable``, ``close_timeout`` ...).
 
     Example::
@@ -185,7 +190,25 @@ def init(
         run.add_tags(*tags)
     if note is not None:
         run.set_note(note)
+    if not (silent() if quiet is None else quiet):
+        print(_started_line(id, store, url, dir), file=sys.stderr, flush=True)
     return run
+
+
+def _started_line(
+    run_id: str, store: AsyncFsspecTracker, url: str, dir: str | os.PathLike[str] | None
+) -> str:
+    """What ``init()`` says on stderr: the run, where it is stored, how to look at it (with
+    ``--store`` when the CLI would not read that store by itself)."""
+    where = store.root_dir if isinstance(store.fs, LocalFileSystem) else url
+    store_arg = ""
+    default = store_dir()
+    if dir is not None and where not in (default, os.path.abspath(default)):
+        store_arg = f" --store {shlex.quote(where)}"
+    return (
+        f"async_tracker: run {run_id} stored in {where}; view it: "
+        f"async-tracker{store_arg} list jobs, async-tracker{store_arg} ui"
+    )
 
 
 # How often a generated id is drawn again when its claim finds it taken (6 hex digits: one

@@ -149,3 +149,29 @@ def test_environment_options_apply_and_keywords_win(
     run = async_tracker.init("p", dir=str(tmp_path), batch_size=456)
     assert (run.options.close_timeout, run.options.batch_size) == (7.0, 456)
     run.close()
+
+
+def test_the_start_says_on_stderr_which_run_where_and_how_to_see_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("ASYNC_TRACKER_DIR", raising=False)
+    monkeypatch.delenv("ASYNC_TRACKER_SILENT", raising=False)
+    with async_tracker.init("mnist", name="lr-0.1") as run:
+        pass
+    out, err = capsys.readouterr()
+    assert out == ""
+    (line,) = err.splitlines()
+    assert run.id in line and str(tmp_path / "tracker_runs") in line
+    assert "async-tracker list jobs" in line and "async-tracker ui" in line
+    assert "--store" not in line  # the CLI reads this store by itself
+    # Another store: the commands name it.
+    with async_tracker.init("mnist", dir=tmp_path / "elsewhere") as run:
+        pass
+    (line,) = capsys.readouterr().err.splitlines()
+    assert f"async-tracker --store {tmp_path / 'elsewhere'} list jobs" in line
+    # Quiet when asked, by the argument or the environment.
+    async_tracker.init("mnist", quiet=True).close()
+    monkeypatch.setenv("ASYNC_TRACKER_SILENT", "1")
+    async_tracker.init("mnist").close()
+    assert capsys.readouterr() == ("", "")
