@@ -31,10 +31,22 @@ import anyio
 import fsspec.core
 from fsspec.implementations.local import LocalFileSystem
 
+from async_tracker.adapters import as_async
 from async_tracker.backend.errors import chain
 from async_tracker.backend.fsspec import AsyncFsspecTracker
+from async_tracker.base import backend_name
 from async_tracker.errors import BackendError, TrackerConfigError
-from async_tracker.factory import AnyTracker, build_tracker
+from async_tracker.factory import (
+    ENV_TORCHX_JOB_ID,
+    ENV_TORCHX_PARENT_RUN_ID,
+    ENV_TORCHX_TRACKERS,
+    UNDEFINED_JOB_ID,
+    AnyTracker,
+    build_named_trackers,
+    build_tracker,
+    factories_from_environ,
+    trackers_config_from_environ,
+)
 from async_tracker.records import check_name
 from async_tracker.run import AppRun
 from async_tracker.runtime.process import runtime
@@ -155,8 +167,22 @@ def init(
     if note is not None:
         check_note(note)
     bound = init_timeout(timeout)
+    # The job's environment, as torchx's runner (or `async-tracker run`) sets it: the job id
+    # is the run id and TORCHX_TRACKERS the backends, unless the call says otherwise.
+    from_env = _env_trackers() if dir is None else []
+    job_id = os.environ.get(ENV_TORCHX_JOB_ID)
+    if id is None and job_id and job_id != UNDEFINED_JOB_ID:
+        id = job_id
     url = store_dir(dir)
-    store = open_store(url)
+    store: AsyncFsspecTracker | None = None
+    if from_env:
+        # The start checks (claim, resume) ask the job's fsspec store, if it has one.
+        store = next(
+            (b for _, t in from_env if isinstance(b := as_async(t), AsyncFsspecTracker)), None
+        )
+        url = (store.store_url or store.root_dir) if store is not None else ""
+    else:
+        store = open_store(url)
     # ASYNC_TRACKER_<OPTION> variables apply as with run_from_env(); keyword options win.
     options.setdefault("options", RunOptions.from_env())
     spool_dir = Path(
@@ -174,14 +200,29 @@ def init(
         check_name(id, "id")
         check_run_id(id)
     started = time.time()
-    id, last_steps, resumed = _start(store, url, project, id, new_id, resume, bound, spool_dir)
+    last_steps: dict[str, int] = {}
+    resumed = False
+    if store is not None:
+        id, last_steps, resumed = _start(
+            store, url, project, id, new_id, resume, bound, spool_dir
+        )
     extra = [build_tracker(b, b, None) if isinstance(b, str) else b for b in backends]
+    names: list[str] | None = None
+    stores: list[AnyTracker] = [store] if store is not None and not from_env else []
+    if from_env:
+        # Spooled under their TORCHX_TRACKERS names, as run_from_env() does: `async-tracker
+        # sync` with the same configuration finds them.
+        stores = [t for _, t in from_env]
+        names = [n for n, _ in from_env] + [backend_name(as_async(b)) for b in extra]
     # A resumed run begins a new life: its ending, sealed with this start, takes over the
     # endings of earlier lives (a job killed, then requeued, that finishes is finished).
     run = AppRun(
-        id, [store, *extra], _last_steps=last_steps, _life_start=started if resumed else 0.0,
-        **options,
+        id, [*stores, *extra], _last_steps=last_steps,
+        _life_start=started if resumed else 0.0, _backend_names=names, **options,
     )
+    parent = os.environ.get(ENV_TORCHX_PARENT_RUN_ID)
+    if parent and id == job_id:
+        run.add_source(parent, None)
     metadata: dict[str, object] = {"project": project}
     if config is not None:
         metadata.update(_as_mapping(config))
@@ -191,19 +232,33 @@ def init(
     if note is not None:
         run.set_note(note)
     if not (silent() if quiet is None else quiet):
-        print(_started_line(id, store, url, dir), file=sys.stderr, flush=True)
+        print(_started_line(id, store, url, dir, from_env), file=sys.stderr, flush=True)
     return run
 
 
+def _env_trackers() -> list[tuple[str, AnyTracker]]:
+    """The trackers ``TORCHX_TRACKERS`` names (with their ``TORCHX_TRACKER_<NAME>_CONFIG``),
+    built, by name; none when it is unset."""
+    config = trackers_config_from_environ()
+    return build_named_trackers(config, factories_from_environ(config)) if config else []
+
+
 def _started_line(
-    run_id: str, store: AsyncFsspecTracker, url: str, dir: str | os.PathLike[str] | None
+    run_id: str,
+    store: AsyncFsspecTracker | None,
+    url: str,
+    dir: str | os.PathLike[str] | None,
+    from_env: Sequence[tuple[str, AnyTracker]],
 ) -> str:
     """What ``init()`` says on stderr: the run, where it is stored, how to look at it (with
     ``--store`` when the CLI would not read that store by itself)."""
+    if store is None:
+        names = ", ".join(n for n, _ in from_env)
+        return f"async_tracker: run {run_id} recorded by {ENV_TORCHX_TRACKERS}={names}"
     where = store.root_dir if isinstance(store.fs, LocalFileSystem) else url
     store_arg = ""
     default = store_dir()
-    if dir is not None and where not in (default, os.path.abspath(default)):
+    if (dir is not None or from_env) and where not in (default, os.path.abspath(default)):
         store_arg = f" --store {shlex.quote(where)}"
     return (
         f"async_tracker: run {run_id} stored in {where}; view it: "

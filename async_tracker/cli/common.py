@@ -42,10 +42,6 @@ def tracker_specs(args: argparse.Namespace) -> list[TrackerSpec]:
         return [resolve_tracker(args.tracker, args.config)]
     if args.config:
         raise CliError("--config needs --tracker NAME")
-    if getattr(args, "store", None) is not None:
-        # Only `run` gets here with --store: its job builds trackers from TORCHX_* names and
-        # configs, which a bare store URL is not.
-        raise CliError("`run` does not take --store: configure the trackers the torchx way")
     specs = configured_trackers()
     if not specs:
         raise CliError(NO_TRACKER_HELP)

@@ -299,13 +299,6 @@ def test_nothing_configured_reads_the_default_store(
     assert "unknown run id" in capsys.readouterr().err
 
 
-def test_no_tracker_configured_for_run(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["run", "--", "true"]) == 2
-    err = capsys.readouterr().err
-    assert "no tracker configured" in err
-    assert "Traceback" not in err
-
-
 def test_unknown_factory(store: Store, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["--tracker", "no_such_tracker", "list", "jobs"]) == 2
     err = capsys.readouterr().err

@@ -280,12 +280,6 @@ def test_sync_to_a_factory(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -
     assert "no_such_factory" in line
 
 
-def test_run_refuses_store_rather_than_ignore_it(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["--store", "x", "run", "--", "true"]) == 2
-    (line,) = capsys.readouterr().err.splitlines()
-    assert "does not take --store" in line
-
-
 READ_COMMANDS = [
     ["list", "jobs"],
     ["list", "metadata", ALPHA],

@@ -175,3 +175,34 @@ def test_the_start_says_on_stderr_which_run_where_and_how_to_see_it(
     monkeypatch.setenv("ASYNC_TRACKER_SILENT", "1")
     async_tracker.init("mnist").close()
     assert capsys.readouterr() == ("", "")
+
+
+def test_init_honours_the_torchx_environment_and_arguments_win(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # What torchx's runner (or `async-tracker run`) sets for a job.
+    job_store = tmp_path / "job-store"
+    config = tmp_path / "fsspec.cfg"
+    config.write_text(f"protocol=file\nroot_path={job_store}\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("TORCHX_JOB_ID", "local://session/job-1")
+    monkeypatch.setenv("TORCHX_TRACKERS", "fsspec")
+    monkeypatch.setenv("TORCHX_TRACKER_FSSPEC_CONFIG", str(config))
+    monkeypatch.setenv("TORCHX_PARENT_RUN_ID", "local://session/sweep")
+    with async_tracker.init("p", config={"lr": 0.1}, quiet=True) as run:
+        run.log_metric("loss", 0.5)
+    assert run.id == "local://session/job-1"
+    reader = AppRun(run.id, [open_store(job_store)])
+    assert reader.metadata() == {"project": "p", "lr": 0.1}
+    assert [s.parent.id for s in reader.sources()] == ["local://session/sweep"]
+    assert not (tmp_path / "tracker_runs").exists()
+    # A second start of the job resumes its run (torchx restarts a job under its id).
+    with async_tracker.init("p", quiet=True) as again:
+        again.log_metric("loss", 0.25)
+    assert [p.step for p in reader.metrics()["loss"]] == [0, 1]
+    # Explicit arguments win: id= and dir=.
+    with async_tracker.init("p", id="p/mine", dir=tmp_path / "mine", quiet=True) as mine:
+        mine.log_metric("loss", 1.0)
+    assert mine.id == "p/mine"
+    assert list(AppRun(mine.id, [open_store(tmp_path / "mine")]).metrics()) == ["loss"]
+    assert AppRun(mine.id, [open_store(job_store)]).metrics() == {}
