@@ -810,9 +810,18 @@ class AsyncFsspecTracker(AsyncTrackerBase):
                     # The run started at its first record: a point's time, a metadata
                     # call's stamp, or its end record's time.
                     stamps = [ns / 1e9 for ns, _ in params.values()]
-                    first = min([first, *stamps, *((end[1],) if end is not None else ())])
+                    ended = (end[1],) if end is not None else ()
+                    first = min([first, *stamps, *ended])
+                    # Its last write is when the batch's records were made, not when they
+                    # were stored: a replay (`async-tracker sync`) days later must not stretch
+                    # a run that never ended (killed) to the time of the sync.
+                    last = max(
+                        [*(max(t) for _, _, t in columns.values() if t), *stamps, *ended],
+                        default=math.nan,
+                    )
                     tally.summary = tally.summary.with_batch(
-                        time.time(), key=key, seq=seq, params=params, metrics=metrics,
+                        last if math.isfinite(last) else time.time(), key=key, seq=seq,
+                        params=params, metrics=metrics,
                         first_time=first if math.isfinite(first) else None, end=end,
                     )  # fmt: skip
             data = _encode_json(tally.summary.to_json(), tally.path)

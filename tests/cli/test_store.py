@@ -275,9 +275,9 @@ def test_sync_to_a_factory(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -
     subprocess.run(
         [sys.executable, "-c", SPOOLING_JOB, str(spool)], check=True, env=child_env(), timeout=60
     )
-    assert main(["sync", str(spool), "--to", "no_such_factory"]) == 2
+    assert main(["sync", str(spool), "--to", "no_such_module:factory"]) == 2
     (line,) = capsys.readouterr().err.splitlines()
-    assert "no_such_factory" in line
+    assert "no_such_module:factory" in line
 
 
 READ_COMMANDS = [
