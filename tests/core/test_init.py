@@ -5,8 +5,11 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import logging
 import re
+import subprocess
+import sys
 import uuid
 from pathlib import Path
 
@@ -16,6 +19,7 @@ import async_tracker
 from async_tracker import AppRun, TrackerConfigError
 from async_tracker.backend.memory import InMemoryTracker
 from async_tracker.init_run import open_store
+from tests.core.helpers import REPO, python_env
 
 
 def test_a_run_in_the_default_store_with_a_readable_unique_id(
@@ -206,3 +210,44 @@ def test_init_honours_the_torchx_environment_and_arguments_win(
     assert mine.id == "p/mine"
     assert list(AppRun(mine.id, [open_store(tmp_path / "mine")]).metrics()) == ["loss"]
     assert AppRun(mine.id, [open_store(job_store)]).metrics() == {}
+
+
+# Runs two cells in a real headless kernel (nbclient, ipykernel), from a child interpreter:
+# a run logged and closed, then `run.plot()` as the cell's value, in a fresh kernel where
+# nothing imported pyplot. Prints the MIME types the second cell's output has.
+PLOT_NOTEBOOK = """
+import json, sys
+import nbformat
+from nbclient import NotebookClient
+
+repo, store = sys.argv[1], sys.argv[2]
+cells = [
+    f'''import sys
+sys.path.insert(0, {repo!r})
+import async_tracker
+with async_tracker.init("nb", dir={store!r}, quiet=True) as run:
+    for step in range(5):
+        run.log_metrics({{"loss": 1.0 / (step + 1)}}, step=step)''',
+    "run.plot()",
+]
+nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in cells])
+NotebookClient(nb, timeout=120, kernel_name="python3").execute()
+outputs = nb.cells[1].outputs
+print(json.dumps([o.get("output_type") for o in outputs]))
+print(json.dumps(sorted(outputs[0].get("data", {})) if outputs else []))
+print(json.dumps(outputs[0]["data"].get("image/png", "")[:8] if outputs else ""))
+"""
+
+
+def test_plot_shows_an_image_in_a_fresh_jupyter_kernel(tmp_path: Path) -> None:
+    for module in ("matplotlib", "nbclient", "ipykernel"):
+        pytest.importorskip(module)
+    done = subprocess.run(
+        [sys.executable, "-c", PLOT_NOTEBOOK, str(REPO), str(tmp_path / "store")],
+        capture_output=True, text=True, env=python_env(), timeout=300, cwd=tmp_path,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    kinds, mimes, png = (json.loads(line) for line in done.stdout.splitlines()[-3:])
+    assert kinds == ["execute_result"]
+    assert "image/png" in mimes
+    assert png.startswith("iVBORw0K")  # base64 of the PNG signature
