@@ -35,17 +35,14 @@ from async_tracker.adapters import as_async
 from async_tracker.backend.errors import chain
 from async_tracker.backend.fsspec import AsyncFsspecTracker
 from async_tracker.base import backend_name
+from async_tracker.config import configured_trackers
 from async_tracker.errors import BackendError, TrackerConfigError
 from async_tracker.factory import (
     ENV_TORCHX_JOB_ID,
     ENV_TORCHX_PARENT_RUN_ID,
-    ENV_TORCHX_TRACKERS,
     UNDEFINED_JOB_ID,
     AnyTracker,
-    build_named_trackers,
     build_tracker,
-    factories_from_environ,
-    trackers_config_from_environ,
 )
 from async_tracker.records import check_name
 from async_tracker.run import AppRun
@@ -125,13 +122,18 @@ def init(
             ``<project>/<name>-<6 hex digits>``.
         config: recorded as the run's metadata: a mapping, a dataclass or any object with
             attributes (``argparse.Namespace``).
-        dir: the store, a path or an fsspec URL (default ``$ASYNC_TRACKER_DIR``, else
-            ``./tracker_runs``). A path that cannot hold runs (a file where a directory
+        dir: the store, a path or an fsspec URL. By default, the trackers configured the
+            torchx way (``TORCHX_TRACKERS`` and ``TORCHX_TRACKER_<NAME>_CONFIG``, else
+            ``.torchxconfig``), which the CLI also reads, if any; else ``$ASYNC_TRACKER_DIR``,
+            else ``./tracker_runs``. A path that cannot hold runs (a file where a directory
             should be, a folder that cannot be made) or an unknown protocol raises
             :class:`TrackerConfigError` naming it.
-        id: open this run id instead of making one. ``resume="allow"`` (the default) resumes
-            a run that exists and creates one that does not; ``resume="never"`` refuses a
-            run that exists or that another process is creating; ``resume="must"`` refuses
+        id: open this run id instead of making one (default: ``$TORCHX_JOB_ID`` when set,
+            as in a job torchx or ``async-tracker run`` launched, whose
+            ``$TORCHX_PARENT_RUN_ID`` then becomes a source of the run).
+            ``resume="allow"`` (the default) resumes a run that exists and creates one that
+            does not; ``resume="never"`` refuses a run that exists or that another process
+            is creating; ``resume="must"`` refuses
             a run found neither in the store (records, or the claim of a run open in
             another process) nor in this machine's spool. A resumed run's step-less points
             continue after the last step of each metric stored or still spooled here.
@@ -168,7 +170,8 @@ def init(
         check_note(note)
     bound = init_timeout(timeout)
     # The job's environment, as torchx's runner (or `async-tracker run`) sets it: the job id
-    # is the run id and TORCHX_TRACKERS the backends, unless the call says otherwise.
+    # is the run id, and the trackers configured the torchx way (TORCHX_TRACKERS, else
+    # .torchxconfig) the backends, unless the call says otherwise.
     from_env = _env_trackers() if dir is None else []
     job_id = os.environ.get(ENV_TORCHX_JOB_ID)
     if id is None and job_id and job_id != UNDEFINED_JOB_ID:
@@ -237,10 +240,10 @@ def init(
 
 
 def _env_trackers() -> list[tuple[str, AnyTracker]]:
-    """The trackers ``TORCHX_TRACKERS`` names (with their ``TORCHX_TRACKER_<NAME>_CONFIG``),
-    built, by name; none when it is unset."""
-    config = trackers_config_from_environ()
-    return build_named_trackers(config, factories_from_environ(config)) if config else []
+    """The trackers configured the torchx way, built, by name: ``TORCHX_TRACKERS`` (with
+    their ``TORCHX_TRACKER_<NAME>_CONFIG``), else ``.torchxconfig``'s; none when neither
+    names any. The same ones the CLI reads when given no ``--store``: the two agree."""
+    return [(spec.name, spec.build()) for spec in configured_trackers()]
 
 
 def _started_line(
@@ -254,7 +257,7 @@ def _started_line(
     ``--store`` when the CLI would not read that store by itself)."""
     if store is None:
         names = ", ".join(n for n, _ in from_env)
-        return f"async_tracker: run {run_id} recorded by {ENV_TORCHX_TRACKERS}={names}"
+        return f"async_tracker: run {run_id} recorded by the configured trackers {names}"
     where = store.root_dir if isinstance(store.fs, LocalFileSystem) else url
     store_arg = ""
     default = store_dir()

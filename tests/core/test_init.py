@@ -251,3 +251,24 @@ def test_plot_shows_an_image_in_a_fresh_jupyter_kernel(tmp_path: Path) -> None:
     assert kinds == ["execute_result"]
     assert "image/png" in mimes
     assert png.startswith("iVBORw0K")  # base64 of the PNG signature
+
+
+def test_init_writes_where_the_cli_reads_when_torchxconfig_names_a_tracker(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # A .torchxconfig in the working directory: `async-tracker list jobs` reads its tracker,
+    # so init() records there too (the two never disagree about where runs are).
+    from async_tracker.cli.main import main
+
+    store = tmp_path / "configured"
+    (tmp_path / "fsspec.cfg").write_text(f"protocol=file\nroot_path={store}\n")
+    (tmp_path / ".torchxconfig").write_text(
+        f"[torchx:tracker]\nfsspec =\n\n[tracker:fsspec]\nconfig = {tmp_path / 'fsspec.cfg'}\n"
+    )
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    with async_tracker.init("p", quiet=True) as run:
+        run.log_metric("loss", 0.5)
+    assert not (tmp_path / "tracker_runs").exists()
+    assert main(["--json", "list", "jobs"]) == 0
+    assert [r["run_id"] for r in json.loads(capsys.readouterr().out)] == [run.id]
