@@ -75,6 +75,13 @@ def load_factory(name: str) -> Factory:
     )
 
 
+def registered_factories() -> list[str]:
+    """The names of the factories installed as entry points (``fsspec``, ``mlflow``,
+    ``tensorboard``, and plug-ins'), in lookup order."""
+    names = [ep.name for group in ENTRY_POINT_GROUPS for ep in entry_points(group=group)]
+    return list(dict.fromkeys(names))
+
+
 def _callable(name: str, obj: object, where: str) -> Factory:
     if not callable(obj):
         raise TrackerConfigError(f"tracker {name!r}: {where} is not callable ({obj!r})")

@@ -18,7 +18,9 @@ import errno
 import logging
 import os
 import random
+import shlex
 import socket
+import sys
 import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
@@ -29,14 +31,23 @@ import anyio
 import fsspec.core
 from fsspec.implementations.local import LocalFileSystem
 
+from async_tracker.adapters import as_async
 from async_tracker.backend.errors import chain
 from async_tracker.backend.fsspec import AsyncFsspecTracker
+from async_tracker.base import backend_name
+from async_tracker.config import configured_trackers
 from async_tracker.errors import BackendError, TrackerConfigError
-from async_tracker.factory import AnyTracker, build_tracker
+from async_tracker.factory import (
+    ENV_TORCHX_JOB_ID,
+    ENV_TORCHX_PARENT_RUN_ID,
+    UNDEFINED_JOB_ID,
+    AnyTracker,
+    build_tracker,
+)
 from async_tracker.records import check_name
 from async_tracker.run import AppRun
 from async_tracker.runtime.process import runtime
-from async_tracker.settings import CLOSE_SLACK_S, RunOptions, init_timeout
+from async_tracker.settings import CLOSE_SLACK_S, RunOptions, init_timeout, silent
 from async_tracker.spool import check_run_id, default_spool_dir, has_spool, spooled_last_steps
 from async_tracker.tags import check_note, tag_metadata
 
@@ -93,6 +104,7 @@ def init(
     backends: Sequence[AnyTracker | str] = (),
     tags: Sequence[str] = (),
     note: str | None = None,
+    quiet: bool | None = None,
     **options: Any,
 ) -> AppRun:
     """A new run of ``project`` in a local store, ready for ``with``.
@@ -110,13 +122,18 @@ def init(
             ``<project>/<name>-<6 hex digits>``.
         config: recorded as the run's metadata: a mapping, a dataclass or any object with
             attributes (``argparse.Namespace``).
-        dir: the store, a path or an fsspec URL (default ``$ASYNC_TRACKER_DIR``, else
-            ``./tracker_runs``). A path that cannot hold runs (a file where a directory
+        dir: the store, a path or an fsspec URL. By default, the trackers configured the
+            torchx way (``TORCHX_TRACKERS`` and ``TORCHX_TRACKER_<NAME>_CONFIG``, else
+            ``.torchxconfig``), which the CLI also reads, if any; else ``$ASYNC_TRACKER_DIR``,
+            else ``./tracker_runs``. A path that cannot hold runs (a file where a directory
             should be, a folder that cannot be made) or an unknown protocol raises
             :class:`TrackerConfigError` naming it.
-        id: open this run id instead of making one. ``resume="allow"`` (the default) resumes
-            a run that exists and creates one that does not; ``resume="never"`` refuses a
-            run that exists or that another process is creating; ``resume="must"`` refuses
+        id: open this run id instead of making one (default: ``$TORCHX_JOB_ID`` when set,
+            as in a job torchx or ``async-tracker run`` launched, whose
+            ``$TORCHX_PARENT_RUN_ID`` then becomes a source of the run).
+            ``resume="allow"`` (the default) resumes a run that exists and creates one that
+            does not; ``resume="never"`` refuses a run that exists or that another process
+            is creating; ``resume="must"`` refuses
             a run found neither in the store (records, or the claim of a run open in
             another process) nor in this machine's spool. A resumed run's step-less points
             continue after the last step of each metric stored or still spooled here.
@@ -131,6 +148,8 @@ def init(
             ``"mlflow"``, ``module:attr``) built with no config.
         tags: tags the run gets (``AppRun.add_tags``); a resumed run keeps the tags it had.
         note: the run's note (``AppRun.set_note``), when given.
+        quiet: True: print nothing. By default the start prints one line on stderr: the run
+            id, its store, and the commands that show it (``$ASYNC_TRACKER_SILENT=1``: none).
         options: ``AppRun`` options (``flush_interval``, ``durable``, ``close_timeout`` ...).
 
     Example::
@@ -150,8 +169,23 @@ def init(
     if note is not None:
         check_note(note)
     bound = init_timeout(timeout)
+    # The job's environment, as torchx's runner (or `async-tracker run`) sets it: the job id
+    # is the run id, and the trackers configured the torchx way (TORCHX_TRACKERS, else
+    # .torchxconfig) the backends, unless the call says otherwise.
+    from_env = _env_trackers() if dir is None else []
+    job_id = os.environ.get(ENV_TORCHX_JOB_ID)
+    if id is None and job_id and job_id != UNDEFINED_JOB_ID:
+        id = job_id
     url = store_dir(dir)
-    store = open_store(url)
+    store: AsyncFsspecTracker | None = None
+    if from_env:
+        # The start checks (claim, resume) ask the job's fsspec store, if it has one.
+        store = next(
+            (b for _, t in from_env if isinstance(b := as_async(t), AsyncFsspecTracker)), None
+        )
+        url = (store.store_url or store.root_dir) if store is not None else ""
+    else:
+        store = open_store(url)
     # ASYNC_TRACKER_<OPTION> variables apply as with run_from_env(); keyword options win.
     options.setdefault("options", RunOptions.from_env())
     spool_dir = Path(
@@ -169,14 +203,29 @@ def init(
         check_name(id, "id")
         check_run_id(id)
     started = time.time()
-    id, last_steps, resumed = _start(store, url, project, id, new_id, resume, bound, spool_dir)
+    last_steps: dict[str, int] = {}
+    resumed = False
+    if store is not None:
+        id, last_steps, resumed = _start(
+            store, url, project, id, new_id, resume, bound, spool_dir
+        )
     extra = [build_tracker(b, b, None) if isinstance(b, str) else b for b in backends]
+    names: list[str] | None = None
+    stores: list[AnyTracker] = [store] if store is not None and not from_env else []
+    if from_env:
+        # Spooled under their TORCHX_TRACKERS names, as run_from_env() does: `async-tracker
+        # sync` with the same configuration finds them.
+        stores = [t for _, t in from_env]
+        names = [n for n, _ in from_env] + [backend_name(as_async(b)) for b in extra]
     # A resumed run begins a new life: its ending, sealed with this start, takes over the
     # endings of earlier lives (a job killed, then requeued, that finishes is finished).
     run = AppRun(
-        id, [store, *extra], _last_steps=last_steps, _life_start=started if resumed else 0.0,
-        **options,
+        id, [*stores, *extra], _last_steps=last_steps,
+        _life_start=started if resumed else 0.0, _backend_names=names, **options,
     )
+    parent = os.environ.get(ENV_TORCHX_PARENT_RUN_ID)
+    if parent and id == job_id:
+        run.add_source(parent, None)
     metadata: dict[str, object] = {"project": project}
     if config is not None:
         metadata.update(_as_mapping(config))
@@ -185,7 +234,39 @@ def init(
         run.add_tags(*tags)
     if note is not None:
         run.set_note(note)
+    if not (silent() if quiet is None else quiet):
+        print(_started_line(id, store, url, dir, from_env), file=sys.stderr, flush=True)
     return run
+
+
+def _env_trackers() -> list[tuple[str, AnyTracker]]:
+    """The trackers configured the torchx way, built, by name: ``TORCHX_TRACKERS`` (with
+    their ``TORCHX_TRACKER_<NAME>_CONFIG``), else ``.torchxconfig``'s; none when neither
+    names any. The same ones the CLI reads when given no ``--store``: the two agree."""
+    return [(spec.name, spec.build()) for spec in configured_trackers()]
+
+
+def _started_line(
+    run_id: str,
+    store: AsyncFsspecTracker | None,
+    url: str,
+    dir: str | os.PathLike[str] | None,
+    from_env: Sequence[tuple[str, AnyTracker]],
+) -> str:
+    """What ``init()`` says on stderr: the run, where it is stored, how to look at it (with
+    ``--store`` when the CLI would not read that store by itself)."""
+    if store is None:
+        names = ", ".join(n for n, _ in from_env)
+        return f"async_tracker: run {run_id} recorded by the configured trackers {names}"
+    where = store.root_dir if isinstance(store.fs, LocalFileSystem) else url
+    store_arg = ""
+    default = store_dir()
+    if (dir is not None or from_env) and where not in (default, os.path.abspath(default)):
+        store_arg = f" --store {shlex.quote(where)}"
+    return (
+        f"async_tracker: run {run_id} stored in {where}; view it: "
+        f"async-tracker{store_arg} list jobs, async-tracker{store_arg} ui"
+    )
 
 
 # How often a generated id is drawn again when its claim finds it taken (6 hex digits: one

@@ -2,8 +2,9 @@
 ``AppRun.plot()`` returns and ``async-tracker plot`` saves.
 
 matplotlib (the ``plot`` extra) draws through its Agg canvas on a bare ``Figure``: no pyplot,
-so no GUI backend, no global figure state, nothing left open in a long-lived process (a
-notebook shows a returned ``Figure`` by itself).
+so no GUI backend, no global figure state, nothing left open in a long-lived process. The
+figure is a :class:`~async_tracker.run_figure.RunFigure`, which a notebook shows as an image
+by itself.
 """
 
 from __future__ import annotations
@@ -47,11 +48,13 @@ def draw(curves: Curves, metrics: Sequence[str]) -> Figure:
     """One panel per metric, x = step, one line per run (same colour across panels)."""
     try:
         from matplotlib.backends.backend_agg import FigureCanvasAgg
-        from matplotlib.figure import Figure
+
+        from async_tracker.run_figure import RunFigure
     except ImportError as exc:
         raise ImportError(MISSING_MATPLOTLIB) from exc
 
-    fig = Figure(
+    # A Figure that a notebook shows as an image by itself (see run_figure.py).
+    fig = RunFigure(
         figsize=(FIGURE_WIDTH_IN, 1.0 + PANEL_HEIGHT_IN * len(metrics)), layout="constrained"
     )
     FigureCanvasAgg(fig)

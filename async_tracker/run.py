@@ -76,6 +76,7 @@ from async_tracker.records import (
 )
 from async_tracker.report import BackendStatus, FlushReport, TrackerStatus
 from async_tracker.retry import RetryPolicy
+from async_tracker.run_config import RunConfig
 from async_tracker.runtime.loop import wait_future
 from async_tracker.runtime.process import close_reason, runtime
 from async_tracker.settings import CLOSE_SLACK_S, OverflowPolicy, RunOptions
@@ -517,6 +518,17 @@ class AppRun:
         self._wait_for_room()
         self._sink.extend(points)
 
+    # What W&B and Trackio users type: run.log({...}, step=N) is log_metrics (a value that
+    # is not a number raises TypeError naming its key, and nothing of the call is kept).
+    log = log_metrics
+
+    @property
+    def config(self) -> RunConfig:
+        """The run's params as W&B's ``run.config``: read what was recorded (``init``'s
+        ``config``, ``add_metadata``) and add to it with ``run.config.update({...})`` or
+        ``run.config["k"] = v`` (both are ``add_metadata``)."""
+        return RunConfig(self.metadata, self.add_metadata)
+
     def _wait_for_room(self) -> None:
         """Past the bound, waits for the tracker loop to take records out of the ingress
         (see ingress.py, "The bound at the door"), at most ROOM_WAIT_S; a close meanwhile
@@ -771,6 +783,10 @@ class AppRun:
             report = self._closed_with(report)
         self._check_strict(report)
         return report
+
+    # W&B's and Trackio's name for the end of a run: close() (and aclose()), with its report.
+    finish = close
+    afinish = aclose
 
     def close_finished(self) -> bool:
         """Whether close() has its report: False for an open run, and while a close is

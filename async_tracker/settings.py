@@ -168,6 +168,21 @@ def init_timeout(timeout: float | None = None) -> float:
     return float(timeout)
 
 
+# How long `async-tracker sync` tries to deliver each spooled run (its --timeout) before it
+# gives up on it, leaving its records in the spool: a store that is down must not keep the
+# command retrying forever.
+DEFAULT_SYNC_TIMEOUT_S = 60.0
+
+# ``init()`` prints one line on stderr naming the run, its store and how to see it (as W&B
+# and Trackio do); ASYNC_TRACKER_SILENT=1 (or init(quiet=True)) keeps it quiet.
+ENV_SILENT = ENV_PREFIX + "SILENT"
+
+
+def silent() -> bool:
+    """Whether ``$ASYNC_TRACKER_SILENT`` asks for quiet (``1``, ``true``, ``yes``, ``on``)."""
+    return os.environ.get(ENV_SILENT, "").strip().lower() in ("1", "true", "yes", "on")
+
+
 def env_int(name: str, default: int, minimum: int = 1) -> int:
     raw = os.environ.get(ENV_PREFIX + name)
     if not raw:

@@ -9,6 +9,7 @@ would. Segments still owned by a live process are left to it.
 from __future__ import annotations
 
 import sys
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,6 +21,10 @@ from async_tracker.factory import AnyTracker
 from async_tracker.report import FlushReport
 from async_tracker.run import AppRun
 from async_tracker.spool import backend_dir_name, spooled_runs
+
+# What close() gets at least after a flush that used up the run's budget: time to hand
+# back what is undelivered to the spool.
+CLOSE_FLOOR_S = 0.5
 
 
 @dataclass
@@ -73,8 +78,11 @@ def sync_spool(
                 _backend_names=[name],
                 _replay=True,
             )
+            # One budget per run: what the flush leaves of it bounds the close (which spools
+            # what is still undelivered: the records stay in the spool for the next sync).
+            until = time.monotonic() + (timeout if timeout is not None else 60.0)
             run.flush(timeout)
-            report = run.close(timeout if timeout is not None else 60.0)
+            report = run.close(max(CLOSE_FLOOR_S, until - time.monotonic()))
             result.reports[(run_id, name)] = report
             state = "ok" if report.ok else f"{report.spooled + report.pending} records left"
             bar.write(

@@ -24,6 +24,7 @@ from typing import Any
 import torch
 from transformers import BertConfig, BertForSequenceClassification, Trainer, TrainingArguments
 
+from async_tracker.init_run import store_dir
 from async_tracker.integrations.transformers import AsyncTrackerCallback
 
 VOCAB = 32
@@ -60,11 +61,15 @@ def async_tracker(config: Path, *args: str) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--dir", default="tracker_runs", help="where the runs are stored")
+    parser.add_argument(
+        "--dir",
+        default=store_dir(),
+        help="where the runs are stored (default: $ASYNC_TRACKER_DIR, else ./tracker_runs, "
+        "which `async-tracker` reads when given no --store)",
+    )
     parser.add_argument("--steps", type=int, default=120)
     args = parser.parse_args()
-    root = Path(args.dir).resolve()
-    store = root / "runs"
+    root = store = Path(args.dir).resolve()
     torch.manual_seed(0)
 
     config = BertConfig(
@@ -75,7 +80,7 @@ def main() -> None:
     trainer = Trainer(
         model=BertForSequenceClassification(config),
         args=TrainingArguments(
-            output_dir=str(root / "hf"),
+            output_dir=str(root / ".hf"),
             max_steps=args.steps,
             learning_rate=3e-3,
             per_device_train_batch_size=32,

@@ -27,6 +27,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
+from async_tracker.init_run import store_dir
 from async_tracker.integrations.lightning import AsyncTrackerLogger
 
 CLASSES = 10
@@ -79,11 +80,15 @@ def async_tracker(config: Path, *args: str) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--dir", default="tracker_runs", help="where the runs are stored")
+    parser.add_argument(
+        "--dir",
+        default=store_dir(),
+        help="where the runs are stored (default: $ASYNC_TRACKER_DIR, else ./tracker_runs, "
+        "which `async-tracker` reads when given no --store)",
+    )
     parser.add_argument("--epochs", type=int, default=3)
     args = parser.parse_args()
-    root = Path(args.dir).resolve()
-    store = root / "runs"
+    root = store = Path(args.dir).resolve()
     # Noise here: Lightning's advice about DataLoader workers, and a torch deprecation that
     # Lightning's own code triggers.
     warnings.filterwarnings("ignore", ".*does not have many workers.*")
@@ -96,7 +101,7 @@ def main() -> None:
         max_epochs=args.epochs,
         accelerator="cpu",
         log_every_n_steps=4,
-        default_root_dir=root / "lightning",
+        default_root_dir=root / ".lightning",
         enable_progress_bar=False,
         enable_model_summary=False,
         # The best checkpoint by validation loss, and the last one: both become artifacts.

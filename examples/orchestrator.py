@@ -24,13 +24,14 @@ from pathlib import Path
 
 from async_tracker import AppRun
 from async_tracker.backend.fsspec import create
+from async_tracker.init_run import store_dir
 
 
 def write_torchxconfig(store: Path) -> Path:
     """A .torchxconfig naming the fsspec tracker, as a project would keep next to its code."""
     store.mkdir(parents=True, exist_ok=True)
     fsspec_cfg = store / "fsspec.cfg"
-    fsspec_cfg.write_text(f"protocol=file\nroot_path={store / 'runs'}\n")
+    fsspec_cfg.write_text(f"protocol=file\nroot_path={store}\n")
     torchxconfig = store / ".torchxconfig"
     torchxconfig.write_text(
         f"[torchx:tracker]\nfsspec =\n\n[tracker:fsspec]\nconfig = {fsspec_cfg}\n"
@@ -91,7 +92,11 @@ def train_trial(lr: float, steps: int) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--dir", default="tracker_runs", help="where the runs are stored")
+    parser.add_argument(
+        "--dir",
+        default=store_dir(),
+        help="where the runs are stored (default: $ASYNC_TRACKER_DIR, else ./tracker_runs)",
+    )
     parser.add_argument("--trials", type=int, default=4)
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--trial", action="store_true", help=argparse.SUPPRESS)

@@ -2,6 +2,9 @@
 
 Run it from the repository root:  python examples/train_loop.py [--dir tracker_runs]
 
+It records to the store every `async-tracker` command reads when given no --store
+($ASYNC_TRACKER_DIR, else ./tracker_runs), so `async-tracker list jobs` shows the run after.
+
 It configures the tracker the way torchx's runner does (TORCHX_* variables), so the loop
 itself is plain torchx tracker code with one import changed. Launched by
 `async-tracker run -- python examples/train_loop.py`, it keeps the launcher's run id and trackers.
@@ -21,13 +24,15 @@ import time
 from pathlib import Path
 
 from async_tracker import AppRun
+from async_tracker.init_run import store_dir
 
 
 def configure(store: Path) -> None:
-    """What `torchx run` (or `async-tracker run`) would set up: a job id and a tracker."""
+    """What `torchx run` (or `async-tracker run`) would set up: a job id and a tracker.
+    The config file lives in the store, beside the runs (readers skip it)."""
     store.mkdir(parents=True, exist_ok=True)
     config = store / "fsspec.cfg"
-    config.write_text(f"protocol=file\nroot_path={store / 'runs'}\n")
+    config.write_text(f"protocol=file\nroot_path={store}\n")
     run_id = f"local://examples/train-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"
     os.environ.setdefault("TORCHX_JOB_ID", run_id)
     if "TORCHX_TRACKERS" not in os.environ:
@@ -62,7 +67,11 @@ def async_tracker(*args: str) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--dir", default="tracker_runs", help="where the runs are stored")
+    parser.add_argument(
+        "--dir",
+        default=store_dir(),
+        help="where the runs are stored (default: $ASYNC_TRACKER_DIR, else ./tracker_runs)",
+    )
     parser.add_argument("--steps", type=int, default=2000)
     args = parser.parse_args()
     store = Path(args.dir).resolve()

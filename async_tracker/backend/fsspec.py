@@ -214,6 +214,14 @@ def decode_run_id(name: str) -> str | None:
         return None
 
 
+def _beside_runs(name: str, is_dir: bool) -> bool:
+    """Whether an entry of the store's root that is not named as a run is the store's own,
+    skipped without a word: a file (its fsspec config file, a ``.torchxconfig``, a plot) or
+    a hidden folder. A run is a directory with a base32 name, so these cannot be a damaged
+    run, and naming them at every read would bury the warnings that matter."""
+    return not is_dir or name.startswith(".")
+
+
 class _Names:
     """Unique, time-ordered object names for this process: its token is new in a forked child
     (a pid check; with its own counter and lock, never one the parent's threads held)."""
@@ -843,9 +851,18 @@ class AsyncFsspecTracker(AsyncTrackerBase):
                     # The run started at its first record: a point's time, a metadata
                     # call's stamp, or its end record's time.
                     stamps = [ns / 1e9 for ns, _ in params.values()]
-                    first = min([first, *stamps, *((end[1],) if end is not None else ())])
+                    ended = (end[1],) if end is not None else ()
+                    first = min([first, *stamps, *ended])
+                    # Its last write is when the batch's records were made, not when they
+                    # were stored: a replay (`async-tracker sync`) days later must not stretch
+                    # a run that never ended (killed) to the time of the sync.
+                    last = max(
+                        [*(max(t) for _, _, t in columns.values() if t), *stamps, *ended],
+                        default=math.nan,
+                    )
                     tally.summary = tally.summary.with_batch(
-                        time.time(), key=key, seq=seq, params=params, metrics=metrics,
+                        last if math.isfinite(last) else time.time(), key=key, seq=seq,
+                        params=params, metrics=metrics,
                         first_time=first if math.isfinite(first) else None, end=end,
                     )  # fmt: skip
             beat = self._beats.get(run_id)
@@ -1381,6 +1398,8 @@ def _root_entry(
         summaries.append(name)
         return ""
     run_id = decode_run_id(name)
+    if run_id is None and _beside_runs(name, is_dir):
+        return ""
     if run_id is None:
         return "not a run: no base32 name"
     if not is_dir:

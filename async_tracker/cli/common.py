@@ -6,16 +6,21 @@ import argparse
 import contextlib
 import inspect
 import json
+import os
+import re
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
+
+from fsspec.implementations.local import LocalFileSystem
 
 from async_tracker.adapters import as_sync
 from async_tracker.base import TrackerBase
 from async_tracker.config import TrackerSpec, configured_trackers, resolve_tracker
 from async_tracker.errors import BackendError
-from async_tracker.init_run import open_store, store_dir
+from async_tracker.init_run import ENV_DIR, open_store, store_dir
 from async_tracker.runtime.process import runtime
+from async_tracker.store.runs import newest_first, read_runs
 
 # Exit codes: 2 is a usage problem (argparse's own code too), 1 a store that failed us.
 EXIT_USAGE = 2
@@ -37,10 +42,6 @@ def tracker_specs(args: argparse.Namespace) -> list[TrackerSpec]:
         return [resolve_tracker(args.tracker, args.config)]
     if args.config:
         raise CliError("--config needs --tracker NAME")
-    if getattr(args, "store", None) is not None:
-        # Only `run` gets here with --store: its job builds trackers from TORCHX_* names and
-        # configs, which a bare store URL is not.
-        raise CliError("`run` does not take --store: configure the trackers the torchx way")
     specs = configured_trackers()
     if not specs:
         raise CliError(NO_TRACKER_HELP)
@@ -62,7 +63,29 @@ def tracker_and_label(args: argparse.Namespace) -> tuple[TrackerBase, str]:
         if specs:
             return as_sync(specs[0].build()), f"tracker {specs[0].name!r}"
     url = store_dir(store)
-    return as_sync(open_store(url)), f"store {url}"
+    backend = open_store(url)
+    if isinstance(backend.fs, LocalFileSystem):
+        _check_local_store(backend.root_dir, url, explicit=store is not None or bool(
+            os.environ.get(ENV_DIR)
+        ))
+    return as_sync(backend), f"store {url}"
+
+
+def _check_local_store(root: str, url: str, explicit: bool) -> None:
+    """A :class:`StoreError` for a local store that cannot be read: a path named by
+    ``--store`` or ``$ASYNC_TRACKER_DIR`` that is missing (a typo must not read as an empty
+    store), a file, a folder we may not list. The default ``./tracker_runs`` missing is no
+    error: no run was stored here yet (a line on stderr says so)."""
+    if not os.path.exists(root):
+        if explicit:
+            raise StoreError(f"cannot read the store {url}: no such directory")
+        warn(f"no runs yet: {url} does not exist (async_tracker.init() writes there; "
+             "--store PATH reads another store)")
+        return
+    if not os.path.isdir(root):
+        raise StoreError(f"cannot read the store {url}: not a directory")
+    if not os.access(root, os.R_OK | os.X_OK):
+        raise StoreError(f"cannot read the store {url}: permission denied")
 
 
 class StoreError(Exception):
@@ -96,10 +119,53 @@ def resolve_run(tracker: TrackerBase, run_id: str, ids: Sequence[str] | None = N
     raise CliError(f"run id prefix {run_id!r} matches {len(matches)} runs: {shown}")
 
 
+# The end of a run id ``init()`` made, ``<project>/<name>-<6 hex digits>``: what comes before
+# it is the run's name, which runs of the same script share.
+_INIT_ID_SUFFIX = re.compile(r"-[0-9a-f]{6}\Z")
+
+
+def run_name(run_id: str) -> str | None:
+    """The name ``init()`` gave a run (``mnist/lr-0.1`` of ``mnist/lr-0.1-a1b2c3``), or None
+    for an id it did not make."""
+    match = _INIT_ID_SUFFIX.search(run_id)
+    return run_id[: match.start()] if match else None
+
+
 def resolve_runs(tracker: TrackerBase, run_ids: Sequence[str]) -> list[str]:
-    """Each of ``run_ids`` resolved (see :func:`resolve_run`), duplicates dropped."""
+    """Each of ``run_ids`` resolved, duplicates dropped: a run id; else a run name
+    (``mnist/lr-0.1``: ``init()``'s id without its 6 hex digits), the newest run of that name
+    when several have it (said on stderr, one line); else a unique prefix (see
+    :func:`resolve_run`)."""
     known = list(tracker.run_ids())
-    return list(dict.fromkeys(resolve_run(tracker, r, known) for r in run_ids))
+    by_name: dict[str, list[str]] = {}
+    for run_id in known:
+        name = run_name(run_id)
+        if name is not None:
+            by_name.setdefault(name, []).append(run_id)
+    resolved = []
+    for wanted in run_ids:
+        named = by_name.get(wanted, []) if wanted not in known else []
+        if len(named) > 1:
+            # Like `wandb` and MLflow's UI, a name means its latest run: running a script
+            # twice must not make the README's `compare NAME NAME` fail.
+            newest = _newest(tracker, named)
+            warn(
+                f"{wanted!r} is the name of {len(named)} runs: using the newest, {newest} "
+                "(give a run id to pick another)"
+            )
+            resolved.append(newest)
+        elif named:
+            resolved.append(named[0])
+        else:
+            resolved.append(resolve_run(tracker, wanted, known))
+    return list(dict.fromkeys(resolved))
+
+
+def _newest(tracker: TrackerBase, run_ids: Sequence[str]) -> str:
+    """The run of ``run_ids`` that started last (by the store's summaries)."""
+    wanted = set(run_ids)
+    runs = newest_first([r for r in read_runs(tracker) if r.run_id in wanted])
+    return runs[0].run_id if runs else sorted(run_ids)[-1]
 
 
 def check_known(tracker: TrackerBase, run_id: str) -> str:

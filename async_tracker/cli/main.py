@@ -18,7 +18,9 @@
 The tracker read is ``--tracker NAME --config CFG`` if given, else ``--store PATH|URL``, else
 the first one configured the torchx way (``.torchxconfig``, ``TORCHX_*``), else the default
 store (``$ASYNC_TRACKER_DIR`` or ``./tracker_runs``, where ``init()`` writes); ``run`` passes
-on every configured one. Run ids may be given by a unique prefix. ``--json`` prints
+on every configured one (``--store``, or with none configured the default store). Run ids may
+be given by a unique prefix; ``compare``, ``plot`` and ``export`` also take a run name
+(``init()``'s id without its 6 hex digits: the newest run of that name). ``--json`` prints
 machine-readable output. A usage problem (unknown run id, no tracker) exits with code 2, a
 store that cannot be read with code 1.
 """

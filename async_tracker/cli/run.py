@@ -5,8 +5,9 @@
 The job gets, as from ``torchx run`` on the local scheduler:
 
 * ``TORCHX_JOB_ID=local://async_tracker/<name>-<unique suffix>``: the run id;
-* ``TORCHX_TRACKERS=<name>,...`` and ``TORCHX_TRACKER_<NAME>_CONFIG`` from ``.torchxconfig``,
-  ``TORCHX_*`` or ``--tracker/--config``;
+* ``TORCHX_TRACKERS=<name>,...`` and ``TORCHX_TRACKER_<NAME>_CONFIG`` from ``--tracker/--config``,
+  else ``--store``, else ``.torchxconfig`` or ``TORCHX_*``, else the default store
+  (``$ASYNC_TRACKER_DIR`` or ``./tracker_runs``) as the ``fsspec`` tracker;
 * ``TORCHX_PARENT_RUN_ID`` from ``--parent-run-id``, else as inherited;
 * ``ASYNC_TRACKER_FACTORY_<NAME>=module:factory`` for ``[torchx:tracker] name=module:factory``
   (torchx reads only the key; this keeps the name, which is the spool key, and the factory).
@@ -18,6 +19,7 @@ to the job, and the exit code is the job's (128 + N when signal N ended it, as i
 from __future__ import annotations
 
 import argparse
+import hashlib
 import os
 import re
 import secrets
@@ -28,13 +30,14 @@ import subprocess
 import sys
 import threading
 from collections.abc import Mapping, Sequence
-from pathlib import PurePath
+from pathlib import Path, PurePath
 from types import FrameType
 from typing import Any
 
-from async_tracker.cli.common import CliError, to_json, tracker_specs, warn
-from async_tracker.config import job_environ
+from async_tracker.cli.common import CliError, StoreError, to_json, tracker_specs, warn
+from async_tracker.config import TrackerSpec, configured_trackers, job_environ
 from async_tracker.factory import ENV_TORCHX_JOB_ID, ENV_TORCHX_PARENT_RUN_ID
+from async_tracker.init_run import store_dir
 
 SCHEDULER = "local"
 SESSION = "async_tracker"
@@ -46,6 +49,9 @@ NAME_MAX_LEN = 64
 EXIT_NOT_EXECUTABLE = 126  # shell conventions
 EXIT_NOT_FOUND = 127
 EXIT_SIGNAL_BASE = 128
+# The fsspec config file `run` writes into a local store for its job (torchx's runner passes
+# a tracker's config as a file): the readers skip it.
+STORE_CONFIG_FILE = "fsspec.cfg"
 
 
 def default_name(command: Sequence[str]) -> str:
@@ -78,12 +84,52 @@ def make_run_id(name: str) -> str:
     return f"{SCHEDULER}://{SESSION}/{name}-{suffix}"
 
 
+def store_spec(store: str | None) -> TrackerSpec:
+    """The ``fsspec`` tracker over ``store`` (default: ``$ASYNC_TRACKER_DIR``, else
+    ``./tracker_runs``, where ``init()`` writes and every command reads), configured by an
+    fsspec config file as torchx's runner passes it: ``fsspec.cfg`` in a local store (the
+    readers skip it), else one per URL under ``~/.cache/async_tracker/stores``."""
+    url = store_dir(store)
+    if "://" not in url:
+        root = Path(url).expanduser().resolve()
+        try:
+            root.mkdir(parents=True, exist_ok=True)
+            config = root / STORE_CONFIG_FILE
+            config.write_text(f"protocol=file\nroot_path={root}\n", encoding="utf-8")
+        except OSError as exc:
+            raise StoreError(f"cannot use the store {url}: {exc.strerror or exc}") from exc
+    else:
+        cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+        config = cache / "async_tracker" / "stores" / (
+            hashlib.sha256(url.encode()).hexdigest()[:16] + ".cfg"
+        )
+        try:
+            config.parent.mkdir(parents=True, exist_ok=True)
+            config.write_text(f"url={url}\n", encoding="utf-8")
+        except OSError as exc:
+            raise StoreError(f"cannot write {config}: {exc.strerror or exc}") from exc
+    return TrackerSpec("fsspec", "fsspec", str(config))
+
+
+def job_specs(args: argparse.Namespace) -> list[TrackerSpec]:
+    """The job's trackers: ``--tracker``/``--config``, else ``--store``, else those
+    configured the torchx way, else the default store."""
+    store = getattr(args, "store", None)
+    if args.tracker or args.config:
+        return tracker_specs(args)
+    if store is None:
+        specs = configured_trackers()
+        if specs:
+            return specs
+    return [store_spec(store)]
+
+
 def job_env(
     args: argparse.Namespace, run_id: str, environ: Mapping[str, str] | None = None
 ) -> dict[str, str]:
     """The job's variables that differ from ours."""
     base = os.environ if environ is None else environ
-    specs = tracker_specs(args)
+    specs = job_specs(args)
     for spec in specs:
         # Import the factory (without calling it) so that a typo fails here, with exit code 2,
         # not in the job after it started.

@@ -14,9 +14,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from async_tracker.cli.common import CliError, to_json, tracker_specs
-from async_tracker.factory import AnyTracker, build_tracker
+from async_tracker.cli.common import CliError, to_json, tracker_specs, warn
+from async_tracker.factory import AnyTracker, build_tracker, registered_factories
 from async_tracker.init_run import open_store
+from async_tracker.settings import DEFAULT_SYNC_TIMEOUT_S
 
 
 def _sync_module() -> Any:
@@ -29,9 +30,15 @@ def _sync_module() -> Any:
 
 
 def is_store_url(target: str) -> bool:
-    """A store path or URL (``s3://b/p``, ``./runs``, ``/data/runs``), not a factory name
-    (``tensorboard``, ``mlflow``, ``pkg.module:attr``)."""
-    return "://" in target or "/" in target or os.sep in target or target.startswith((".", "~"))
+    """A store path or URL, not a factory: an existing path, or one with a ``/`` (``./runs``,
+    ``/data/runs``, ``s3://b/p``), or a bare word that is no installed factory's name
+    (``store2``: a new folder). Factories: installed names (``tensorboard``, ``mlflow``)
+    and ``pkg.module:attr`` paths."""
+    if "://" in target or "/" in target or os.sep in target or target.startswith("~"):
+        return True
+    if os.path.exists(target):
+        return True
+    return ":" not in target and target not in registered_factories()
 
 
 def target_tracker(target: str) -> AnyTracker:
@@ -50,6 +57,8 @@ def cmd_sync(args: argparse.Namespace) -> int:
         spool_dir = Path(importlib.import_module("async_tracker.spool").default_spool_dir())
     if not spool_dir.is_dir():
         raise CliError(f"no spool directory at {str(spool_dir)!r}")
+    if not args.timeout > 0:
+        raise CliError(f"--timeout must be a number of seconds > 0, got {args.timeout:g}")
     target = args.to or getattr(args, "store", None)
     if target:
         to = target_tracker(target)
@@ -57,6 +66,16 @@ def cmd_sync(args: argparse.Namespace) -> int:
     else:
         trackers = {spec.name: spec.build() for spec in tracker_specs(args)}
         result = sync.sync_spool(spool_dir, trackers, timeout=args.timeout, out=sys.stderr)
+    left = {key: r for key, r in result.reports.items() if not r.ok}
+    if left:
+        records = sum(r.spooled + r.pending for r in left.values())
+        errors = [str(e) for r in left.values() for e in r.errors.values() if e]
+        why = f" (last error: {' '.join(errors[-1].split())[:200]})" if errors else ""
+        warn(
+            f"gave up on {len(left)} run(s) after {args.timeout:g} s each: {records} records "
+            f"stay in the spool {spool_dir}{why}; run the same sync again when the store "
+            "is reachable (--timeout S waits longer)"
+        )
     if args.json:
         print(
             to_json(
@@ -108,5 +127,12 @@ def register(
         help="replay every spooled run into this store (a path or fsspec URL) or backend "
         "factory (tensorboard, mlflow, module:attr), whatever backend it was spooled for",
     )
-    p.add_argument("--timeout", type=float, metavar="S", help="seconds per run (default: none)")
+    p.add_argument(
+        "--timeout",
+        type=float,
+        default=DEFAULT_SYNC_TIMEOUT_S,
+        metavar="S",
+        help="seconds to try each run before giving up on it, its records left in the spool "
+        f"(default: {DEFAULT_SYNC_TIMEOUT_S:g})",
+    )
     p.set_defaults(func=cmd_sync)

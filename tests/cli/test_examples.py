@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.cli.conftest import REPO, child_env
+from tests.cli.conftest import REPO, child_env, cli
 
 EXAMPLES = REPO / "examples"
 
@@ -109,7 +109,7 @@ def test_hf_trainer_example(isolated: Path) -> None:
     run_id = out.split("$ async-tracker list artifacts ", 1)[1].splitlines()[0]
     assert run_id.startswith("hf-trainer/")
     artifacts = out.split("$ async-tracker list artifacts", 1)[1].split("$ async-tracker", 1)[0]
-    assert str(isolated / "runs" / "hf" / "checkpoint-40") in artifacts
+    assert str(isolated / "runs" / ".hf" / "checkpoint-40") in artifacts
     metrics = out.split("$ async-tracker list metrics", 1)[1].split("$ async-tracker", 1)[0]
     rows = {line.split()[0]: line.split() for line in metrics.splitlines()[3:] if line}
     assert rows["loss"][-2:] == ["4", "40"]  # COUNT, LAST STEP: logged every 10 steps
@@ -117,3 +117,17 @@ def test_hf_trainer_example(isolated: Path) -> None:
     assert f"async-tracker list metadata {run_id}" in out
     if importlib.util.find_spec("matplotlib") is not None:
         assert (isolated / "runs" / "hf_curves.png").read_bytes().startswith(b"\x89PNG")
+
+
+def test_the_first_example_writes_where_the_cli_reads_by_default(isolated: Path) -> None:
+    # As in the README: the example with no --dir, then `async-tracker list jobs` with no
+    # --store, from the same folder: the run is listed, and nothing is said about the
+    # store's own config file.
+    out = run_example("train_loop.py", "--steps", "20", cwd=isolated)
+    run_id = out.split("$ async-tracker list metadata ", 1)[1].splitlines()[0]
+    assert (isolated / "tracker_runs" / "fsspec.cfg").is_file()
+    listed = cli("list", "jobs")
+    assert listed.returncode == 0, listed.stderr
+    assert run_id in listed.stdout
+    assert "finished" in listed.stdout
+    assert listed.stderr == ""

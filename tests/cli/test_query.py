@@ -3,6 +3,7 @@ the ``TORCHX_*`` variables and flags; tables for people, ``--json`` for scripts.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import subprocess
 import sys
@@ -11,6 +12,8 @@ from typing import Any
 
 import pytest
 
+import async_tracker
+import async_tracker.run
 from async_tracker.cli.main import main
 from tests.cli.conftest import (
     CHILD_A,
@@ -296,13 +299,6 @@ def test_nothing_configured_reads_the_default_store(
     assert "unknown run id" in capsys.readouterr().err
 
 
-def test_no_tracker_configured_for_run(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["run", "--", "true"]) == 2
-    err = capsys.readouterr().err
-    assert "no tracker configured" in err
-    assert "Traceback" not in err
-
-
 def test_unknown_factory(store: Store, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["--tracker", "no_such_tracker", "list", "jobs"]) == 2
     err = capsys.readouterr().err
@@ -360,3 +356,33 @@ def test_version_is_the_installed_one(capsys: pytest.CaptureFixture[str]) -> Non
     assert capsys.readouterr().out.strip() == (
         f"async-tracker {importlib.metadata.version('async-tracker')}"
     )
+
+
+def test_compare_and_plot_take_a_run_name_and_pick_its_newest_run(
+    isolated: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The README's tour run twice: two runs named mnist/lr-0.1 (and two mnist/lr-0.01).
+    clock = iter(float(t) for t in range(1_000, 2_000))
+    monkeypatch.setattr(async_tracker.run, "_wall_clock", lambda: next(clock))
+    ids: dict[str, list[str]] = {}
+    for _ in range(2):
+        for lr in (0.1, 0.01):
+            with async_tracker.init("mnist", name=f"lr-{lr}", quiet=True) as run:
+                run.log_metric("loss", lr, step=0)
+            ids.setdefault(f"mnist/lr-{lr}", []).append(run.id)
+    done = cli("--json", "compare", "mnist/lr-0.1", "mnist/lr-0.01")
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["runs"] == [ids["mnist/lr-0.1"][1], ids["mnist/lr-0.01"][1]]
+    lines = done.stderr.splitlines()
+    assert len(lines) == 2
+    assert "'mnist/lr-0.1'" in lines[0] and ids["mnist/lr-0.1"][1] in lines[0]
+    # An id, and a unique prefix of one, still name that run (the older one here).
+    older = ids["mnist/lr-0.1"][0]
+    done = cli("--json", "compare", older, ids["mnist/lr-0.01"][0][:-2])
+    assert json.loads(done.stdout)["runs"] == [older, ids["mnist/lr-0.01"][0]]
+    assert done.stderr == ""
+    if importlib.util.find_spec("matplotlib") is not None:
+        done = cli("--json", "plot", "mnist/lr-0.1", "-o", "curves.png")
+        assert done.returncode == 0, done.stderr
+        assert json.loads(done.stdout)["runs"] == [ids["mnist/lr-0.1"][1]]
+        assert ids["mnist/lr-0.1"][1] in done.stderr

@@ -287,3 +287,45 @@ def test_sigterm_flushes_the_jobs_run(writable_store: Store, isolated: Path) -> 
     tracker = writable_store.tracker()
     assert [p.value for p in tracker.metrics(run_id)["loss"]] == [0.5]
     assert tracker.metadata(run_id) == {"state": "running"}
+
+
+# Records a run with init(), as a script written for W&B-like use would.
+INIT_JOB = """
+import async_tracker
+with async_tracker.init("proj", config={"lr": 0.1}) as run:
+    run.log({"loss": 0.5}, step=0)
+print(run.id)
+"""
+
+
+@pytest.mark.parametrize("job", [RECORDING_JOB, INIT_JOB], ids=["run_from_env", "init"])
+def test_with_nothing_configured_the_job_records_to_the_default_store(
+    isolated: Path, capfd: pytest.CaptureFixture[str], job: str
+) -> None:
+    # No .torchxconfig, no TORCHX_*: the job's run goes where every command reads by default,
+    # and init() in the job takes the launcher's run id and parent.
+    argv = ["run", "--name", "plain", "--parent-run-id", PARENT, "--", sys.executable, "-c"]
+    assert main([*argv, job]) == 0
+    out, err = capfd.readouterr()
+    run_id = err.splitlines()[0].removeprefix("async-tracker: run ")
+    assert RUN_ID.fullmatch(run_id), err
+    assert out.split()[0] == run_id
+    assert main(["--json", "list", "jobs"]) == 0
+    (row,) = json.loads(capfd.readouterr().out)
+    assert row["run_id"] == run_id and row["status"] == "finished"
+    assert main(["--json", "lineage", run_id]) == 0
+    assert [p["run_id"] for p in json.loads(capfd.readouterr().out)["parents"]] == [PARENT]
+
+
+def test_run_takes_store_like_every_command(
+    isolated: Path, writable_store: Store, capfd: pytest.CaptureFixture[str]
+) -> None:
+    # --store wins over what .torchxconfig configures, as for the read commands.
+    write_torchxconfig(isolated, writable_store)
+    other = isolated / "other-store"
+    argv = ["--store", str(other), "run", "--", sys.executable, "-c", RECORDING_JOB]
+    assert main(argv) == 0
+    run_id = capfd.readouterr().out.split()[0]
+    assert main(["--json", "--store", str(other), "list", "jobs"]) == 0
+    assert [r["run_id"] for r in json.loads(capfd.readouterr().out)] == [run_id]
+    assert not writable_store.root.exists()

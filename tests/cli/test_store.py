@@ -275,12 +275,37 @@ def test_sync_to_a_factory(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -
     subprocess.run(
         [sys.executable, "-c", SPOOLING_JOB, str(spool)], check=True, env=child_env(), timeout=60
     )
-    assert main(["sync", str(spool), "--to", "no_such_factory"]) == 2
+    assert main(["sync", str(spool), "--to", "no_such_module:factory"]) == 2
     (line,) = capsys.readouterr().err.splitlines()
-    assert "no_such_factory" in line
+    assert "no_such_module:factory" in line
 
 
-def test_run_refuses_store_rather_than_ignore_it(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["--store", "x", "run", "--", "true"]) == 2
-    (line,) = capsys.readouterr().err.splitlines()
-    assert "does not take --store" in line
+READ_COMMANDS = [
+    ["list", "jobs"],
+    ["list", "metadata", ALPHA],
+    ["list", "artifacts", ALPHA],
+    ["list", "metrics", ALPHA],
+    ["compare", ALPHA],
+    ["lineage", ALPHA],
+    ["export", "csv", ALPHA, "--out", "-"],
+]
+
+
+@pytest.mark.parametrize("argv", READ_COMMANDS, ids=[" ".join(a[:2]) for a in READ_COMMANDS])
+def test_a_store_that_is_not_there_is_one_line_and_exit_1(
+    tmp_path: Path, argv: list[str], monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:  # fmt: skip
+    missing = str(tmp_path / "nonexistent")
+    a_file = tmp_path / "a-file"
+    a_file.write_text("x")
+    for store, why in ((missing, "no such directory"), (str(a_file), "not a directory")):
+        assert main(["--store", store, *argv]) == 1
+        captured = capsys.readouterr()
+        assert captured.out == ""
+        (line,) = captured.err.splitlines()
+        assert line == f"async-tracker: cannot read the store {store}: {why}"
+    # $ASYNC_TRACKER_DIR names a store as --store does: a typo there is no empty store.
+    monkeypatch.setenv("ASYNC_TRACKER_DIR", missing)
+    assert main(argv) == 1
+    assert "no such directory" in capsys.readouterr().err

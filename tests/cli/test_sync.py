@@ -10,7 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from async_tracker.cli.main import main
+from async_tracker.adapters import as_sync
+from async_tracker.cli.main import main, parser
+from async_tracker.cli.sync import is_store_url
+from async_tracker.init_run import open_store
+from async_tracker.settings import DEFAULT_SYNC_TIMEOUT_S
 from tests.cli.conftest import Store, child_env, write_torchxconfig
 
 pytest.importorskip("async_tracker.sync")
@@ -68,3 +72,80 @@ def test_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert "no spool directory" in capsys.readouterr().err
     assert main(["sync", str(tmp_path)]) == 2
     assert "no tracker configured" in capsys.readouterr().err
+
+
+def spool_a_run(spool: Path) -> None:
+    subprocess.run(
+        [sys.executable, "-c", SPOOLING_JOB, str(spool)], check=True, env=child_env(), timeout=60
+    )
+
+
+def test_to_a_bare_word_is_a_store_unless_a_factory_has_that_name(
+    tmp_path: Path, isolated: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    spool = tmp_path / "spool"
+    spool_a_run(spool)
+    # "store2" names no installed factory: a folder, as ./store2 would.
+    assert main(["sync", str(spool), "--to", "store2"]) == 0
+    assert set(as_sync(open_store(isolated / "store2")).run_ids()) == {"local://tests/spooled"}
+    assert is_store_url("store2") and is_store_url("./x") and is_store_url("s3://b/p")
+    assert not is_store_url("tensorboard") and not is_store_url("pkg.mod:create")
+    (isolated / "mlflow").mkdir()  # an existing folder is the folder, whatever its name
+    assert is_store_url("mlflow")
+
+
+def test_a_store_that_stays_down_ends_the_sync_with_the_spool_intact(
+    tmp_path: Path, isolated: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert parser().parse_args(["sync"]).timeout == DEFAULT_SYNC_TIMEOUT_S
+    spool = tmp_path / "spool"
+    spool_a_run(spool)
+    (isolated / "a-file").write_text("not a folder")  # a store that cannot take anything
+    assert main(["sync", str(spool), "--to", "./a-file/runs", "--timeout", "0.5"]) == 1
+    err = capsys.readouterr().err
+    (line,) = [x for x in err.splitlines() if x.startswith("async-tracker: ")]
+    assert "gave up on 1 run(s) after 0.5 s each: 21 records stay in the spool" in line
+    # Nothing was lost: the next sync, to a store that works, delivers everything.
+    assert main(["--json", "sync", str(spool), "--to", "./good"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert [r["delivered"] for r in data["runs"]] == [21]
+
+
+# Logs an hour ago (its clock says so) to a backend that hangs, durably, and dies without
+# ending its run (as a SIGKILL would): the records wait in the write-ahead spool.
+KILLED_JOB = """
+import os, sys, time
+import async_tracker.run
+from async_tracker import AppRun
+from tests.faulty import FaultyTracker, Hang
+an_hour_ago = time.time() - 3600
+async_tracker.run._wall_clock = lambda: an_hour_ago
+backend = FaultyTracker(name="fsspec").always("write_batch", Hang())
+run = AppRun("local://tests/killed", [backend], spool_dir=sys.argv[1], durable=True,
+             flush_interval=3600)
+run.add_metadata(a=1)
+for step in range(5):
+    run.log_metric("loss", float(step), step=step)
+run.flush(0.2)
+print(an_hour_ago, flush=True)
+os._exit(0)
+"""
+
+
+def test_a_synced_run_keeps_its_own_times(
+    tmp_path: Path, isolated: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    spool = tmp_path / "spool"
+    done = subprocess.run(
+        [sys.executable, "-c", KILLED_JOB, str(spool)], check=True, env=child_env(),
+        timeout=60, capture_output=True, text=True,
+    )  # fmt: skip
+    logged_at = float(done.stdout)
+    assert main(["sync", str(spool), "--to", "./store"]) == 0
+    capsys.readouterr()
+    assert main(["--json", "--store", "./store", "list", "jobs"]) == 0
+    (row,) = json.loads(capsys.readouterr().out)
+    # Its last record is its last sign of life: not the sync, an hour later.
+    assert row["start"] == pytest.approx(logged_at)
+    assert row["heartbeat"] == pytest.approx(logged_at)
+    assert row["duration_s"] == pytest.approx(0.0, abs=1e-3)

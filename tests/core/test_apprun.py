@@ -561,3 +561,44 @@ def test_report_ok_needs_everything_delivered() -> None:
     assert not FlushReport(spooled=1).ok
     assert not FlushReport(dropped=1).ok
     assert not FlushReport(errors={"b": "boom"}).ok
+
+
+# -- the names W&B and Trackio users type -------------------------------------------------------
+
+
+def test_log_config_and_finish_as_in_wandb(make_run: MakeRun) -> None:
+    backend = InMemoryTracker()
+    run = make_run("wandb-habits", [backend])
+    run.add_metadata(lr=0.1)
+    run.log({"loss": 0.5, "acc": 0.9}, step=3)
+    run.log({"loss": 0.25})  # the step after the last one
+    with pytest.raises(TypeError, match="'phase'"):
+        run.log({"loss": 0.125, "phase": "train"}, step=9)
+    # The config: what was recorded, and W&B's ways of adding to it.
+    assert run.config["lr"] == 0.1 and dict(run.config) == {"lr": 0.1}
+    run.config.update({"batch_size": 64, "layers": [64, 64]})
+    run.config["optimizer"] = "adam"
+    assert dict(run.config) == {
+        "lr": 0.1, "batch_size": 64, "layers": [64, 64], "optimizer": "adam"
+    }  # fmt: skip
+    assert "optimizer" in run.config and len(run.config) == 4
+    with pytest.raises(TypeError, match="'bad'"):
+        run.config.update(bad=object())
+    report = run.finish()
+    assert isinstance(report, FlushReport) and report.ok and run.finish() is report
+    assert run.state is RunState.CLOSED
+    reader = make_run("wandb-habits", [backend])
+    metrics = reader.metrics()
+    # Each metric of a log() call, at its step; the refused call kept nothing.
+    assert [(p.step, p.value) for p in metrics["loss"]] == [(3, 0.5), (4, 0.25)]
+    assert [(p.step, p.value) for p in metrics["acc"]] == [(3, 0.9)]
+    assert reader.metadata() == {
+        "lr": 0.1, "batch_size": 64, "layers": [64, 64], "optimizer": "adam"
+    }  # fmt: skip
+
+
+async def test_afinish_is_aclose(make_run: MakeRun) -> None:
+    run = make_run("wandb-async", [InMemoryTracker()])
+    run.log({"loss": 1.0})
+    report = await run.afinish()
+    assert report.delivered >= 1 and run.state is RunState.CLOSED

@@ -5,8 +5,11 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import logging
 import re
+import subprocess
+import sys
 import uuid
 from pathlib import Path
 
@@ -16,6 +19,7 @@ import async_tracker
 from async_tracker import AppRun, TrackerConfigError
 from async_tracker.backend.memory import InMemoryTracker
 from async_tracker.init_run import open_store
+from tests.core.helpers import REPO, python_env
 
 
 def test_a_run_in_the_default_store_with_a_readable_unique_id(
@@ -149,3 +153,122 @@ def test_environment_options_apply_and_keywords_win(
     run = async_tracker.init("p", dir=str(tmp_path), batch_size=456)
     assert (run.options.close_timeout, run.options.batch_size) == (7.0, 456)
     run.close()
+
+
+def test_the_start_says_on_stderr_which_run_where_and_how_to_see_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("ASYNC_TRACKER_DIR", raising=False)
+    monkeypatch.delenv("ASYNC_TRACKER_SILENT", raising=False)
+    with async_tracker.init("mnist", name="lr-0.1") as run:
+        pass
+    out, err = capsys.readouterr()
+    assert out == ""
+    (line,) = err.splitlines()
+    assert run.id in line and str(tmp_path / "tracker_runs") in line
+    assert "async-tracker list jobs" in line and "async-tracker ui" in line
+    assert "--store" not in line  # the CLI reads this store by itself
+    # Another store: the commands name it.
+    with async_tracker.init("mnist", dir=tmp_path / "elsewhere") as run:
+        pass
+    (line,) = capsys.readouterr().err.splitlines()
+    assert f"async-tracker --store {tmp_path / 'elsewhere'} list jobs" in line
+    # Quiet when asked, by the argument or the environment.
+    async_tracker.init("mnist", quiet=True).close()
+    monkeypatch.setenv("ASYNC_TRACKER_SILENT", "1")
+    async_tracker.init("mnist").close()
+    assert capsys.readouterr() == ("", "")
+
+
+def test_init_honours_the_torchx_environment_and_arguments_win(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # What torchx's runner (or `async-tracker run`) sets for a job.
+    job_store = tmp_path / "job-store"
+    config = tmp_path / "fsspec.cfg"
+    config.write_text(f"protocol=file\nroot_path={job_store}\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("TORCHX_JOB_ID", "local://session/job-1")
+    monkeypatch.setenv("TORCHX_TRACKERS", "fsspec")
+    monkeypatch.setenv("TORCHX_TRACKER_FSSPEC_CONFIG", str(config))
+    monkeypatch.setenv("TORCHX_PARENT_RUN_ID", "local://session/sweep")
+    with async_tracker.init("p", config={"lr": 0.1}, quiet=True) as run:
+        run.log_metric("loss", 0.5)
+    assert run.id == "local://session/job-1"
+    reader = AppRun(run.id, [open_store(job_store)])
+    assert reader.metadata() == {"project": "p", "lr": 0.1}
+    assert [s.parent.id for s in reader.sources()] == ["local://session/sweep"]
+    assert not (tmp_path / "tracker_runs").exists()
+    # A second start of the job resumes its run (torchx restarts a job under its id).
+    with async_tracker.init("p", quiet=True) as again:
+        again.log_metric("loss", 0.25)
+    assert [p.step for p in reader.metrics()["loss"]] == [0, 1]
+    # Explicit arguments win: id= and dir=.
+    with async_tracker.init("p", id="p/mine", dir=tmp_path / "mine", quiet=True) as mine:
+        mine.log_metric("loss", 1.0)
+    assert mine.id == "p/mine"
+    assert list(AppRun(mine.id, [open_store(tmp_path / "mine")]).metrics()) == ["loss"]
+    assert AppRun(mine.id, [open_store(job_store)]).metrics() == {}
+
+
+# Runs two cells in a real headless kernel (nbclient, ipykernel), from a child interpreter:
+# a run logged and closed, then `run.plot()` as the cell's value, in a fresh kernel where
+# nothing imported pyplot. Prints the MIME types the second cell's output has.
+PLOT_NOTEBOOK = """
+import json, sys
+import nbformat
+from nbclient import NotebookClient
+
+repo, store = sys.argv[1], sys.argv[2]
+cells = [
+    f'''import sys
+sys.path.insert(0, {repo!r})
+import async_tracker
+with async_tracker.init("nb", dir={store!r}, quiet=True) as run:
+    for step in range(5):
+        run.log_metrics({{"loss": 1.0 / (step + 1)}}, step=step)''',
+    "run.plot()",
+]
+nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in cells])
+NotebookClient(nb, timeout=120, kernel_name="python3").execute()
+outputs = nb.cells[1].outputs
+print(json.dumps([o.get("output_type") for o in outputs]))
+print(json.dumps(sorted(outputs[0].get("data", {})) if outputs else []))
+print(json.dumps(outputs[0]["data"].get("image/png", "")[:8] if outputs else ""))
+"""
+
+
+def test_plot_shows_an_image_in_a_fresh_jupyter_kernel(tmp_path: Path) -> None:
+    for module in ("matplotlib", "nbclient", "ipykernel"):
+        pytest.importorskip(module)
+    done = subprocess.run(
+        [sys.executable, "-c", PLOT_NOTEBOOK, str(REPO), str(tmp_path / "store")],
+        capture_output=True, text=True, env=python_env(), timeout=300, cwd=tmp_path,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    kinds, mimes, png = (json.loads(line) for line in done.stdout.splitlines()[-3:])
+    assert kinds == ["execute_result"]
+    assert "image/png" in mimes
+    assert png.startswith("iVBORw0K")  # base64 of the PNG signature
+
+
+def test_init_writes_where_the_cli_reads_when_torchxconfig_names_a_tracker(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # A .torchxconfig in the working directory: `async-tracker list jobs` reads its tracker,
+    # so init() records there too (the two never disagree about where runs are).
+    from async_tracker.cli.main import main
+
+    store = tmp_path / "configured"
+    (tmp_path / "fsspec.cfg").write_text(f"protocol=file\nroot_path={store}\n")
+    (tmp_path / ".torchxconfig").write_text(
+        f"[torchx:tracker]\nfsspec =\n\n[tracker:fsspec]\nconfig = {tmp_path / 'fsspec.cfg'}\n"
+    )
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    with async_tracker.init("p", quiet=True) as run:
+        run.log_metric("loss", 0.5)
+    assert not (tmp_path / "tracker_runs").exists()
+    assert main(["--json", "list", "jobs"]) == 0
+    assert [r["run_id"] for r in json.loads(capsys.readouterr().out)] == [run.id]

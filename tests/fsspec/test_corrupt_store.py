@@ -14,6 +14,7 @@ import pytest
 
 from async_tracker.backend.fsspec import FsspecTracker, encode_run_id
 from async_tracker.base import Lineage
+from async_tracker.store.runs import read_runs
 
 RUN = "local://corrupt/run"
 PARENT = "local://corrupt/parent"
@@ -283,3 +284,27 @@ def test_good_reads_warn_nothing(tmp_path: Path, caplog: pytest.LogCaptureFixtur
         check_descendants(tracker)
         check_run_ids(tracker)
     assert caplog.records == []
+
+
+def test_the_stores_own_files_beside_the_runs_warn_nothing(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # What a store holds beside its runs: the fsspec config file the CLI is pointed at, a
+    # .torchxconfig, a plot, a hidden working folder. None of these can be a run (a run is a
+    # directory with a base32 name), and a read of the store does not warn about them.
+    root = tmp_path / "store"
+    tracker = write_good(root)
+    put(root / "fsspec.cfg", f"protocol=file\nroot_path={root}\n")
+    put(root / ".torchxconfig", "[torchx:tracker]\nfsspec =\n")
+    put(root / "curves.png", b"\x89PNG")
+    (root / ".lightning").mkdir()
+    with caplog.at_level(logging.WARNING, logger="async_tracker"):
+        check_run_ids(tracker)
+        assert len(read_runs(tracker)) == 2
+    assert caplog.records == []
+    # A folder with a foreign name is still named: it may be a run someone renamed.
+    (root / "not-a-run").mkdir()
+    with caplog.at_level(logging.WARNING, logger="async_tracker"):
+        check_run_ids(tracker)
+    (warning,) = caplog.records
+    assert str(root / "not-a-run") in warning.getMessage()

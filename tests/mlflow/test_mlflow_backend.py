@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import math
 import sqlite3
+import subprocess
 import sys
 import threading
 from collections.abc import Iterator
@@ -48,7 +49,7 @@ from async_tracker.errors import (
     classify,
 )
 from async_tracker.runtime.process import exiting_on_exception
-from tests.core.helpers import free_port
+from tests.core.helpers import free_port, python_env
 
 if sys.version_info < (3, 11):  # pragma: no cover - 3.10
     from exceptiongroup import ExceptionGroup
@@ -648,3 +649,37 @@ def test_artifacts_with_any_name_are_tags_of_bounded_keys(tracker: MLflowTracker
     tracker.add_artifact("r", name, "s3://bucket/key", {"epoch": 1})
     assert tracker.artifacts("r") == {name: TrackerArtifact(name, "s3://bucket/key", {"epoch": 1})}
     assert all(len(k) <= 250 for k in tracker.get_run("r").data.tags)
+
+
+@pytest.mark.filterwarnings("ignore::sqlalchemy.exc.SADeprecationWarning")
+def test_the_default_store_is_mlflows_own_in_the_working_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # As MLflow's own default: ./mlflow.db, artifacts in ./mlruns; a place the user finds
+    # again (and `mlflow ui` there shows), not the temporary directory. `sync --to mlflow`
+    # writes there too, as init(backends=["mlflow"]) does.
+    from async_tracker.backend.mlflow import config
+    from async_tracker.cli.main import main
+
+    monkeypatch.setattr(config, "DEFAULT_TRACKING_DIR", None)
+    monkeypatch.chdir(tmp_path)
+    assert default_tracking_uri() == f"sqlite:///{tmp_path / 'mlflow.db'}"
+    assert MLflowTracker().artifact_location.startswith(str(tmp_path / "mlruns"))
+    spool = tmp_path / "spool"
+    # A job whose "mlflow" backend hung: its records wait in the spool.
+    job = (
+        "import sys\n"
+        "from async_tracker import AppRun\n"
+        "from tests.faulty import FaultyTracker, Hang\n"
+        "hung = FaultyTracker(name='mlflow').always('write_batch', Hang())\n"
+        "run = AppRun('local://to-sync', [hung], spool_dir=sys.argv[1], flush_interval=3600)\n"
+        "run.log_metric('loss', 0.25, step=0)\n"
+        "assert run.close(0.2).spooled >= 1\n"
+    )
+    subprocess.run(
+        [sys.executable, "-c", job, str(spool)], check=True, env=python_env(), timeout=60
+    )
+    assert main(["sync", str(spool), "--to", "mlflow", "--timeout", "30"]) == 0
+    capsys.readouterr()
+    reader = MLflowTracker(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
+    assert [p.value for p in reader.metrics("local://to-sync")["loss"]] == [0.25]

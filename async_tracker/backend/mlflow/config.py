@@ -7,7 +7,6 @@ import configparser
 import getpass
 import os
 import socket
-import tempfile
 from pathlib import Path
 
 from async_tracker.errors import TrackerConfigError
@@ -34,9 +33,11 @@ CONFIG_SECTION = "tracker:mlflow"
 CONFIG_KEYS = ("experiment_name", "tracking_uri", "artifact_location")
 ENV_EXPERIMENT_NAME = "TORCHX_TRACKING_EXPERIMENT_NAME"
 ENV_MLFLOW_TRACKING_URI = "MLFLOW_TRACKING_URI"
-# The local store used when no tracking URI is given (tests point it elsewhere: read it
-# through default_store_dir(), never by importing the name).
-DEFAULT_TRACKING_DIR = Path(tempfile.gettempdir()) / "async_tracker" / "mlflow"
+# The folder of the local store used when no tracking URI is given; None: the working
+# directory, as MLflow's own default (``sqlite:///mlflow.db``, artifacts in ``./mlruns``), so
+# that `mlflow ui` started there shows the runs, and a user finds them again (tests point it
+# elsewhere: read it through default_store_dir(), never by importing the name).
+DEFAULT_TRACKING_DIR: Path | None = None
 
 # MLflow's HTTP client retries 7 times with exponential backoff by default (minutes while a
 # server restarts) and waits 120 s per request. Our lane retries with its own backoff and
@@ -62,12 +63,14 @@ def default_experiment_name() -> str:
 
 
 def default_store_dir() -> Path:
-    """The directory of the default local store (a SQLite file and its artifacts)."""
-    return DEFAULT_TRACKING_DIR
+    """The directory of the default local store (``mlflow.db`` and ``mlruns/`` for the
+    artifacts): the working directory, as for MLflow itself."""
+    return DEFAULT_TRACKING_DIR if DEFAULT_TRACKING_DIR is not None else Path.cwd()
 
 
 def default_tracking_uri() -> str:
-    """``$MLFLOW_TRACKING_URI`` if set, else a SQLite store under the temp directory.
+    """``$MLFLOW_TRACKING_URI`` if set, else MLflow's own default, ``mlflow.db`` in the
+    working directory (as an absolute ``sqlite:///`` URI).
 
     torchx defaulted to a ``file://`` store, which MLflow 3 no longer accepts by default.
     """

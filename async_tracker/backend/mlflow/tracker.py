@@ -136,8 +136,9 @@ class AsyncMLflowTracker(AsyncTrackerBase):
             f"sqlite:///{store_dir}"
         )
         if artifact_location is None and uses_default_store:
-            # Next to the database, not in ./mlruns of whatever the working directory is.
-            artifact_location = str(store_dir / "artifacts")
+            # Next to the database, where MLflow puts them by default: ./mlruns beside
+            # ./mlflow.db, whatever the working directory becomes later.
+            artifact_location = str(store_dir / "mlruns")
         self.artifact_location_requested = artifact_location
         self.request_concurrency = request_concurrency
         self.metadata_params = metadata_params
