@@ -86,7 +86,15 @@ import secrets
 import threading
 import time
 from base64 import b32decode, b32encode
-from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import (
+    Awaitable,
+    Callable,
+    Collection,
+    Iterable,
+    Iterator,
+    Mapping,
+    Sequence,
+)
 from typing import Any, TypeVar
 
 import anyio
@@ -1145,8 +1153,44 @@ class AsyncFsspecTracker(AsyncTrackerBase):
         skipped.warn()
         return {name: sort_points(p) for name, p in points.items()}
 
+    async def metric_segments(
+        self, run_id: str, known: Collection[str] = ()
+    ) -> list[tuple[str, dict[str, SegmentColumns]]]:
+        """The run's metric segments not in ``known`` (names returned by earlier calls), in
+        write order: ``(name, {metric: (steps, values, times)})``. Segments are immutable
+        once written, so a reader that keeps what it read asks only for the new ones: one
+        listing, and reads of the new files alone (how the dashboard follows a live run).
+        Points come in each segment's order, not sorted; lines it cannot parse are skipped
+        with a warning, as by :meth:`metrics`."""
+        skipped = _Skipped()
+        directory = self._path(run_id, METRICS_DIR)
+        try:
+            listing = await self._storage.ls(directory)
+        except NotADirectory:
+            skipped.add(directory, "a file where a directory should be")
+            skipped.warn()
+            return []
+        names = [n for n, kind in listing if kind == "file" and n not in known]
+        contents = await _gather_bounded(
+            [self._storage.get(posixpath.join(directory, n)) for n in names]
+        )
+        out: list[tuple[str, dict[str, SegmentColumns]]] = []
+        for name, data in zip(names, contents):
+            if data is None:
+                continue  # gone meanwhile (the run was deleted)
+            columns, bad = await run_blocking(
+                _parse_segment_columns, data, endpoint=self._storage.endpoint
+            )
+            if bad:
+                skipped.add(posixpath.join(directory, name), bad)
+            out.append((name, columns))
+        skipped.warn()
+        return out
+
     # -- summaries: the run list ----------------------------------------------------------------
-    async def run_summaries(self, now: float | None = None) -> list[RunSummary]:
+    async def run_summaries(
+        self, now: float | None = None, *, cache: SummaryFileCache | None = None
+    ) -> list[RunSummary]:
         """Every run's summary (in no particular order), from the writers' summary files:
         one listing of the store, then per run a listing of ``summary/`` and a read of each
         file in it (on local disk all of it in one worker-thread call).
@@ -1156,12 +1200,16 @@ class AsyncFsspecTracker(AsyncTrackerBase):
         files: ``running`` or ``crashed``, or an ending its summary does not hold yet). A
         run without any summary (written before summaries existed, or by torchx) is
         summarised from its files once, and that is written as ``summary/rebuilt.json`` if
-        the store takes it (a read-only store: rebuilt again at the next read)."""
+        the store takes it (a read-only store: rebuilt again at the next read).
+
+        ``cache``: a reader that lists the store again and again (the dashboard) passes the
+        same :class:`SummaryFileCache` each time; on local disk a summary file whose inode,
+        size and modification time are unchanged is then not read again."""
         now = time.time() if now is None else now
         skipped = _Skipped()
         if self._storage.stages:
             found, bad = await run_blocking(
-                _scan_local, self.root_dir, endpoint=self._storage.endpoint
+                _scan_local, self.root_dir, cache, endpoint=self._storage.endpoint
             )
             for path, why in bad:
                 skipped.add(path, why)
@@ -1336,10 +1384,37 @@ class _Found:
         return {**(self.rebuilt or {}), **self.writers}
 
 
-def _scan_local(root: str) -> tuple[list[_Found], list[tuple[str, str]]]:
+class SummaryFileCache:
+    """The summary files a reader read on local disk, by path, with the ``(inode, size,
+    mtime_ns)`` they had: a file that still has them is not read again. Writers replace a
+    summary by a rename (a new inode), so a rewrite within one mtime tick is still seen.
+    Owned by one reader; :meth:`AsyncFsspecTracker.run_summaries` fills and prunes it."""
+
+    def __init__(self) -> None:
+        self.files: dict[str, tuple[tuple[int, int, int], bytes]] = {}
+        self.reads = 0  # files read from disk (not taken from the cache), for tests
+
+    def read(self, path: str, stat: os.stat_result) -> bytes:
+        """The content of ``path``: cached if its stat is unchanged, else read."""
+        key = (stat.st_ino, stat.st_size, stat.st_mtime_ns)
+        cached = self.files.get(path)
+        if cached is not None and cached[0] == key:
+            return cached[1]
+        with open(path, "rb") as file:
+            data = file.read()
+        self.reads += 1
+        self.files[path] = (key, data)
+        return data
+
+
+def _scan_local(
+    root: str, cache: SummaryFileCache | None = None
+) -> tuple[list[_Found], list[tuple[str, str]]]:
     """:meth:`AsyncFsspecTracker._scan` on local disk, in one blocking call (a worker
     thread's): os calls straight, no fsspec layer nor thread hop per file; 10,000 runs read
-    in a fraction of a second. Also what it skipped: ``(path, why)``."""
+    in a fraction of a second. Also what it skipped: ``(path, why)``. With ``cache``, files
+    unchanged since its last scan are taken from it (and files gone are dropped from it)."""
+    seen: set[str] = set()
     found: list[_Found] = []
     bad: list[tuple[str, str]] = []
     try:
@@ -1366,8 +1441,12 @@ def _scan_local(root: str) -> tuple[list[_Found], list[tuple[str, str]]]:
         for name in names:
             path = os.path.join(directory, name)
             try:
-                with open(path, "rb") as file:
-                    data = file.read()
+                if cache is None:
+                    with open(path, "rb") as file:
+                        data = file.read()
+                else:
+                    seen.add(path)
+                    data = cache.read(path, os.stat(path))
             except FileNotFoundError:
                 continue  # removed meanwhile
             except IsADirectoryError:
@@ -1376,6 +1455,9 @@ def _scan_local(root: str) -> tuple[list[_Found], list[tuple[str, str]]]:
             why = f.add(name, data)
             if why:
                 bad.append((path, why))
+    if cache is not None:
+        for gone in cache.files.keys() - seen:
+            del cache.files[gone]
     return found, bad
 
 
@@ -1596,6 +1678,48 @@ def _parse_segment(data: bytes) -> tuple[dict[str, list[TrackerMetric]], str]:
             bad.append(f"line {lineno}: {type(exc).__name__}: {exc}")
             continue
         out.setdefault(name, []).extend(points)
+    return out, "; ".join(bad[:2]) + (f"; {len(bad) - 2} more lines" if len(bad) > 2 else "")
+
+
+# One metric of one segment as columns: steps, values, times.
+SegmentColumns = tuple[list[int], list[float], list[float]]
+
+
+def _parse_segment_columns(data: bytes) -> tuple[dict[str, SegmentColumns], str]:
+    """:func:`_parse_segment`'s checks, keeping the columns as lists (no object per point):
+    what a reader of millions of points wants. orjson parses a line unless it holds NaN or
+    infinities (JSON has none; the json module reads Python's tokens for them)."""
+    out: dict[str, SegmentColumns] = {}
+    bad: list[str] = []
+    for lineno, line in enumerate(data.split(b"\n"), 1):
+        if not line.strip():
+            continue
+        try:
+            try:
+                col = orjson.loads(line)
+            except orjson.JSONDecodeError:
+                col = json.loads(line)
+            name, steps, values, times = col["name"], col["step"], col["value"], col["time"]
+            if not isinstance(name, str):
+                raise TypeError("the metric name is not a string")
+            if not (type(steps) is type(values) is type(times) is list):
+                raise TypeError("the columns are not lists")
+            if not len(steps) == len(values) == len(times):
+                raise ValueError("the columns differ in length")
+            if not set(map(type, steps)) <= {int}:
+                raise TypeError("a step is not an integer")
+            if not set(map(type, values)) <= _NUMBERS or not set(map(type, times)) <= _NUMBERS:
+                raise TypeError("a value or time is not a number")
+        except (*_UNPARSEABLE, orjson.JSONDecodeError) as exc:
+            bad.append(f"line {lineno}: {type(exc).__name__}: {exc}")
+            continue
+        if name in out:
+            s, v, t = out[name]
+            s.extend(steps)
+            v.extend(values)
+            t.extend(times)
+        else:
+            out[name] = (steps, values, times)
     return out, "; ".join(bad[:2]) + (f"; {len(bad) - 2} more lines" if len(bad) > 2 else "")
 
 
