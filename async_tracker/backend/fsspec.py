@@ -701,12 +701,30 @@ class AsyncFsspecTracker(AsyncTrackerBase):
         with _mapped(f"write of run {run_id!r}"):
             await self._put_json(run_id, path, content)
 
-    async def heartbeat(self, run_id: str, interval_s: float) -> None:
+    async def heartbeat(
+        self, run_id: str, interval_s: float, delivery: Mapping[str, object] | None = None
+    ) -> None:
         """Writes ``heartbeat/<writer token>.json``: the time now and the interval, which
-        readers need to tell a live run from a crashed one (see :meth:`run_status`)."""
+        readers need to tell a live run from a crashed one (see :meth:`run_status`), and
+        the lane's ``delivery`` state (lag, spooled, last error: what the dashboard shows
+        of a live writer)."""
         path = self._path(run_id, HEARTBEAT_DIR, f"{_names.token}.json")
+        content: dict[str, object] = {"time": time.time(), "interval_s": interval_s}
+        if delivery is not None:
+            content["delivery"] = dict(delivery)
         with _mapped(f"write of run {run_id!r}"):
-            await self._put_json(run_id, path, {"time": time.time(), "interval_s": interval_s})
+            await self._put_json(run_id, path, content)
+
+    async def heartbeats(self, run_id: str) -> dict[str, dict[str, object]]:
+        """Each writer's last heartbeat, by writer token: ``{"time", "interval_s"}`` and,
+        from writers of this version, ``"delivery"`` (see :meth:`heartbeat`). Unparseable
+        files are skipped with a warning."""
+        skipped = _Skipped()
+        parsed = await self._parsed(
+            self._path(run_id, HEARTBEAT_DIR), lambda _, d: _parse_heartbeat_file(d), skipped
+        )
+        skipped.warn()
+        return {name.removesuffix(".json"): beat for name, beat in parsed}
 
     async def run_status(
         self, run_id: str, now: float | None = None
@@ -1611,6 +1629,16 @@ def _parse_heartbeat(_: str, data: bytes) -> tuple[float, float]:
     if not every > 0:
         raise ValueError(f"heartbeat interval {every!r} is not > 0")
     return when, every
+
+
+def _parse_heartbeat_file(data: bytes) -> dict[str, object]:
+    when, every = _parse_heartbeat("", data)
+    content = json.loads(data)
+    delivery = content.get("delivery")
+    out: dict[str, object] = {"time": when, "interval_s": every}
+    if isinstance(delivery, dict):
+        out["delivery"] = delivery
+    return out
 
 
 def _parse_artifact(data: bytes) -> TrackerArtifact:

@@ -27,9 +27,10 @@ def read_runs(tracker: TrackerBase, cache: object | None = None) -> list[RunSumm
     inner = getattr(tracker, "async_tracker", tracker)
     read: Callable[..., Any] | None = getattr(inner, "run_summaries", None)
     if callable(read):
+        is_async = inspect.iscoroutinefunction(read)
         if cache is not None:
             read = functools.partial(read, cache=cache)
-        if inspect.iscoroutinefunction(inner.run_summaries):
+        if is_async:
             result: list[RunSummary] = runtime().loop.call(read)
         else:
             result = read()

@@ -36,7 +36,7 @@ from starlette.staticfiles import StaticFiles
 
 from async_tracker.errors import BackendError
 from async_tracker.store.expr import FilterError
-from async_tracker.store.summary import RunSummary
+from async_tracker.store.summary import MetricSummary, RunSummary
 from async_tracker.ui.downsample import DEFAULT_WIDTH, clamp_width, max_points, min_max, window
 from async_tracker.ui.live import LiveStore, UnknownRunError
 
@@ -101,12 +101,13 @@ def run_json(run: RunSummary) -> dict[str, Any]:
         "params": dict(run.params),
         "tags": sorted(run.tags),
         "note": run.note,
-        "metrics": {
-            name: {"last": _num(m.last), "min": _num(m.min), "max": _num(m.max),
-                   "count": m.count, "step": m.last_step}
-            for name, m in run.metrics.items()
-        },  # fmt: skip
+        "metrics": {name: _metric_json(m) for name, m in run.metrics.items()},
     }
+
+
+def _metric_json(m: MetricSummary) -> dict[str, Any]:
+    return {"last": _num(m.last), "min": _num(m.min), "max": _num(m.max), "count": m.count,
+            "step": m.last_step}  # fmt: skip
 
 
 def _num(value: float | None) -> float | str | None:

@@ -86,7 +86,7 @@ class Curve:
 
     def by_time(self) -> tuple[FloatArray, FloatArray]:
         """``(times, values)`` sorted by time (for charts with time as x)."""
-        steps, values, times = self.columns()
+        _, values, times = self.columns()
         if self._by_time is None:
             self._by_time = np.argsort(times, kind="stable")
         return times[self._by_time], values[self._by_time]

@@ -7,9 +7,9 @@ import os
 import socket
 import sys
 
+from async_tracker.adapters import as_sync
 from async_tracker.base import TrackerBase
 from async_tracker.init_run import open_store, store_dir
-from async_tracker.adapters import as_sync
 from async_tracker.ui.app import create_app
 from async_tracker.ui.live import DEFAULT_REFRESH_S, LiveStore
 

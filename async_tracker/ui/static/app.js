@@ -473,10 +473,11 @@
       const d = w.delivery || {};
       const err = d.last_error ? el("span", { class: "delivery-bad", text: d.last_error }) : el("span", { class: "delivery-ok", text: "none" });
       return [w.writer.slice(-12), fmtAgo(w.time) || fmtTime(w.time), d.lag_s === undefined ? "–" : `${fmtNum(d.lag_s)} s`,
-        d.spooled === undefined ? "–" : fmtNum(d.spooled), d.buffered === undefined ? "–" : fmtNum(d.buffered), err];
+        d.pending === undefined ? "–" : fmtNum(d.pending), d.spooled === undefined ? "–" : fmtNum(d.spooled),
+        d.delivered === undefined ? "–" : fmtNum(d.delivered), err];
     });
     return card("Delivery", `${writers.length} live writer${writers.length > 1 ? "s" : ""}`,
-      gridTable(["writer", "last heartbeat", "lag", "spooled", "buffered", "last error"], rows));
+      gridTable(["writer", "heartbeat", "lag", "pending", "spooled", "delivered", "last error"], rows));
   }
 
   async function loadRun(id, fresh) {
