@@ -43,7 +43,8 @@ def write_finished_runs(root: Path, spool: Path) -> None:
         )
         lr = float(config["lr"])  # type: ignore[arg-type]
         for step in range(STEPS):
-            run.log_metrics({"loss": loss(lr, step), "acc": 1 - loss(lr, step)}, step=step)
+            run.log_metrics({"loss": loss(lr, step), "acc": 1 - loss(lr, step),
+                             "system/cpu_percent": 40.0 + step % 9}, step=step)  # fmt: skip
         run.add_artifact("model", f"/models/{run_id}.pt", {"format": "torch"})
         report = run.close(30)
         assert report.ok, report
@@ -68,6 +69,7 @@ run = async_tracker.init("live", dir=store, id=run_id, spool_dir=spool,
 step = 0
 for step in range(10):
     run.log_metric("loss", 1.0 / (step + 1), step=step)
+    run.log_metric("system/cpu_percent", 30.0 + step % 4, step=step)
 assert run.flush(30).ok
 print("ready", flush=True)
 for line in sys.stdin:

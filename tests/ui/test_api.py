@@ -152,7 +152,7 @@ def test_series_returns_every_point_of_a_small_curve(store: Path) -> None:
     assert a["count"] == STEPS and a["x"] == list(range(STEPS))
     assert a["y"] == pytest.approx([loss(0.1, s) for s in range(STEPS)])
     both = ok(client.get("/api/series", params={"run": "base/a"}))["series"]
-    assert sorted(s["metric"] for s in both) == ["acc", "loss"]
+    assert sorted(s["metric"] for s in both) == ["acc", "loss", "system/cpu_percent"]
     timed = ok(client.get("/api/series", params={"run": "base/a", "metric": "loss", "x": "time"}))
     xs = timed["series"][0]["x"]
     assert xs == sorted(xs) and xs[0] > 1e9  # seconds since the epoch
@@ -219,14 +219,14 @@ def test_points_of_a_live_run_are_read_incrementally(tmp_path: Path, store: Path
     client, live = client_for(store)
     job: Child = start_live(store, tmp_path / "spool-live", "live/3")
     try:
-        first = ok(client.get("/api/series", params={"run": "live/3"}))["series"][0]
+        first = ok(client.get("/api/series", params={"run": "live/3", "metric": "loss"}))["series"][0]
         assert first["count"] == 10
         points = live._points["live/3"]  # noqa: SLF001  # the segments read so far
         read_before = set(points.segments)
         job.proc.stdin.write(b"log\n")  # type: ignore[union-attr]
         job.proc.stdin.flush()  # type: ignore[union-attr]
         assert job.readline(60) == "logged 11"
-        second = ok(client.get("/api/series", params={"run": "live/3"}))["series"][0]
+        second = ok(client.get("/api/series", params={"run": "live/3", "metric": "loss"}))["series"][0]
         assert second["count"] == 11 and second["x"][-1] == 10
         assert len(points.segments - read_before) == 1  # the one new segment alone was read
     finally:

@@ -84,6 +84,8 @@
     if (s < 86400) return `${Math.floor(s / 3600)} h ago`;
     return fmtTime(t).slice(0, 10);
   }
+  // A running run's duration grows with the wall clock; its summary has it to the last write.
+  const duration = (r) => (r.status === "running" && r.start ? Math.max(0, Date.now() / 1000 - r.start) : r.duration);
   const badge = (status) => el("span", { class: `badge ${status}`, text: status || "unknown" });
 
   // -- the filter language's keys, quoted (see async_tracker/store/expr.py) ---------------
@@ -231,7 +233,7 @@
           r.note ? el("span", { class: "note", text: r.note }) : null),
         el("td", {}, badge(r.status)),
         el("td", { title: fmtTime(r.start) }, fmtAgo(r.start)),
-        el("td", { class: "num" }, fmtDuration(r.duration)),
+        el("td", { class: "num" }, fmtDuration(duration(r))),
         ...params.map((p) => el("td", { class: "mono" }, fmtValue(r.params[p]))),
         el("td", {}, ...r.tags.map((t) => el("span", { class: "tag", text: t }))),
         ...metrics.map((m) => el("td", { class: "num", title: r.metrics[m] ? `step ${r.metrics[m].step}, ${r.metrics[m].count} points` : null },
@@ -514,7 +516,7 @@
         el("section", { class: "card", id: "run-head" }),
         el("div", { class: "grid2", id: "run-cards" }),
         card("Metrics", "drag to zoom, double-click to reset", charts),
-        card("System", "", system),
+        el("div", { id: "system-card" }, card("System", "CPU, memory, GPUs", system)),
       );
       runCharts = new ChartSet(charts, (rid) => (state.runSeries && state.runSeries.id === rid ? state.runSeries.metrics : {}), "run:");
       sysCharts = new ChartSet(system, (rid) => (state.runSeries && state.runSeries.id === rid ? state.runSeries.metrics : {}), "system:");
@@ -523,8 +525,8 @@
       el("h1", { text: run.id }), badge(run.status), ...run.tags.map((t) => el("span", { class: "tag", text: t })),
       el("div", { class: "facts" },
         el("span", {}, "Started ", el("b", { text: fmtTime(run.start) || "–" })),
-        el("span", {}, run.end ? "Ended " : "Last heartbeat ", el("b", { text: fmtTime(run.end || run.heartbeat) || "–" })),
-        el("span", {}, "Duration ", el("b", { text: fmtDuration(run.duration) || "–" })),
+        el("span", {}, run.end ? "Ended " : "Last seen ", el("b", { text: fmtTime(run.end || Math.max(run.heartbeat || 0, ...detail.writers.map((w) => w.time))) || "–" })),
+        el("span", {}, "Duration ", el("b", { text: fmtDuration(duration(run)) || "–" })),
         detail.note ? el("span", {}, "Note ", el("b", { text: detail.note })) : null)));
     const metricRows = Object.entries(run.metrics).filter(([n]) => !n.startsWith(SYSTEM_PREFIX))
       .map(([n, m]) => [n, fmtNum(m.last), fmtNum(m.min), fmtNum(m.max), fmtNum(m.step), fmtNum(m.count)]);
@@ -540,6 +542,7 @@
     );
     runCharts.update([run.id], (m) => !m.startsWith(SYSTEM_PREFIX));
     sysCharts.update([run.id], (m) => m.startsWith(SYSTEM_PREFIX));
+    $("system-card").hidden = !Object.keys(run.metrics).some((m) => m.startsWith(SYSTEM_PREFIX));
   }
 
   // -- routing and controls -----------------------------------------------------------------
