@@ -471,15 +471,18 @@
       return card("Delivery", "", el("div", { class: "none", text: `The run is ${run.status}: nothing is being delivered.` }));
     }
     if (!writers.length) return card("Delivery", "", el("div", { class: "none", text: "No live writer reports its delivery state (heartbeats off, or another backend)." }));
-    const rows = writers.map((w) => {
+    const dash = (v, unit) => (v === undefined || v === null ? "–" : `${fmtNum(v)}${unit || ""}`);
+    const blocks = writers.map((w) => {
       const d = w.delivery || {};
       const err = d.last_error ? el("span", { class: "delivery-bad", text: d.last_error }) : el("span", { class: "delivery-ok", text: "none" });
-      return [w.writer.slice(-12), fmtAgo(w.time) || fmtTime(w.time), d.lag_s === undefined ? "–" : `${fmtNum(d.lag_s)} s`,
-        d.pending === undefined ? "–" : fmtNum(d.pending), d.spooled === undefined ? "–" : fmtNum(d.spooled),
-        d.delivered === undefined ? "–" : fmtNum(d.delivered), err];
+      return [
+        writers.length > 1 ? el("div", { class: "writer", text: `writer ${w.writer}` }) : null,
+        kvTable([["heartbeat", `${fmtAgo(w.time)} (every ${fmtNum(w.interval_s)} s)`], ["lag", dash(d.lag_s, " s")],
+          ["pending in memory", dash(d.pending)], ["spooled to disk", dash(d.spooled)], ["delivered", dash(d.delivered)],
+          ["dropped", dash(d.dropped)], ["retries", dash(d.retries)], ["last error", err]]),
+      ];
     });
-    return card("Delivery", `${writers.length} live writer${writers.length > 1 ? "s" : ""}`,
-      gridTable(["writer", "heartbeat", "lag", "pending", "spooled", "delivered", "last error"], rows));
+    return card("Delivery", `${writers.length} live writer${writers.length > 1 ? "s" : ""}`, ...blocks.flat());
   }
 
   async function loadRun(id, fresh) {
@@ -515,9 +518,10 @@
         el("a", { class: "back", href: "#", text: "← All runs" }),
         el("section", { class: "card", id: "run-head" }),
         el("div", { class: "grid2", id: "run-cards" }),
-        card("Metrics", "drag to zoom, double-click to reset", charts),
+        el("div", { id: "metrics-card" }, card("Metrics", "drag to zoom, double-click to reset", charts)),
         el("div", { id: "system-card" }, card("System", "CPU, memory, GPUs", system)),
       );
+      $("metrics-card").querySelector(".card-title").append($("chart-controls"));
       runCharts = new ChartSet(charts, (rid) => (state.runSeries && state.runSeries.id === rid ? state.runSeries.metrics : {}), "run:");
       sysCharts = new ChartSet(system, (rid) => (state.runSeries && state.runSeries.id === rid ? state.runSeries.metrics : {}), "system:");
     }
@@ -558,6 +562,7 @@
     } else {
       state.view = "runs";
       state.runId = null;
+      $("charts-toolbar").append($("chart-controls"));
       $("run-view").hidden = true;
       $("runs-view").hidden = false;
       refreshSeries();
