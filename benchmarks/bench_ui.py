@@ -206,8 +206,9 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=20)
     parser.add_argument("--no-browser", action="store_true")
     args = parser.parse_args()
+    load = os.getloadavg()[0]
     print(f"{platform.python_implementation()} {platform.python_version()}, "
-          f"{os.cpu_count()} CPUs, load {os.getloadavg()[0]:.2f}, {platform.platform()}")  # fmt: skip
+          f"{os.cpu_count()} CPUs, load {load:.2f}, {platform.platform()}")  # fmt: skip
     with tempfile.TemporaryDirectory() as tmp:
         bench_live(Path(tmp) / "live", args.runs, args.rounds)
         bench_big(Path(tmp) / "big", args.points, max(3, args.rounds // 4), not args.no_browser)

@@ -10,17 +10,18 @@ import pytest
 
 pytest.importorskip("starlette")
 pytest.importorskip("numpy")
+pytest.importorskip("httpx2")  # what starlette.testclient needs
 
-from starlette.testclient import TestClient  # noqa: E402
+from starlette.testclient import TestClient
 
-from async_tracker.adapters import as_sync  # noqa: E402
-from async_tracker.init_run import open_store  # noqa: E402
-from async_tracker.ui.app import create_app  # noqa: E402
-from async_tracker.ui.downsample import max_points  # noqa: E402
-from async_tracker.ui.live import LiveStore  # noqa: E402
-from tests.core.helpers import Child  # noqa: E402
-from tests.faulty import FaultyTracker, backend_down  # noqa: E402
-from tests.ui.conftest import CONFIGS, STEPS, loss, start_live  # noqa: E402
+from async_tracker.adapters import as_sync
+from async_tracker.init_run import open_store
+from async_tracker.ui.app import create_app
+from async_tracker.ui.downsample import max_points
+from async_tracker.ui.live import LiveStore
+from tests.core.helpers import Child
+from tests.faulty import FaultyTracker, backend_down
+from tests.ui.conftest import CONFIGS, STEPS, loss, start_live
 
 pytestmark = pytest.mark.server
 
@@ -102,7 +103,7 @@ def test_the_cursor_returns_only_the_runs_changed_after_it(tmp_path: Path, store
 def test_unchanged_summary_files_are_not_read_again(store: Path) -> None:
     _, live = client_for(store)
     live.refresh(force=True)
-    cache: Any = live._summary_cache  # noqa: SLF001  # what the reader keeps between reads
+    cache: Any = live._summary_cache  # what the reader keeps between reads
     first = cache.reads
     assert first >= 3
     live.refresh(force=True)
@@ -167,8 +168,8 @@ def test_series_are_downsampled_to_the_width_keeping_the_extremes(store: Path) -
     full = [loss(0.1, step) for step in range(STEPS)]
     assert s["x"][0] == 0 and s["x"][-1] == STEPS - 1
     assert max(s["y"]) == pytest.approx(max(full)) and min(s["y"]) == pytest.approx(min(full))
-    zoomed = ok(client.get("/api/series", params={"run": "base/a", "metric": "loss",
-                                                  "xmin": 50, "xmax": 60}))["series"][0]  # fmt: skip
+    window = {"run": "base/a", "metric": "loss", "xmin": 50, "xmax": 60}
+    zoomed = ok(client.get("/api/series", params=window))["series"][0]
     assert zoomed["x"] == list(range(49, 62))  # the window and a point on each side
 
 
@@ -219,14 +220,15 @@ def test_points_of_a_live_run_are_read_incrementally(tmp_path: Path, store: Path
     client, live = client_for(store)
     job: Child = start_live(store, tmp_path / "spool-live", "live/3")
     try:
-        first = ok(client.get("/api/series", params={"run": "live/3", "metric": "loss"}))["series"][0]
+        query = {"run": "live/3", "metric": "loss"}
+        first = ok(client.get("/api/series", params=query))["series"][0]
         assert first["count"] == 10
-        points = live._points["live/3"]  # noqa: SLF001  # the segments read so far
+        points = live._points["live/3"]  # the segments read so far
         read_before = set(points.segments)
         job.proc.stdin.write(b"log\n")  # type: ignore[union-attr]
         job.proc.stdin.flush()  # type: ignore[union-attr]
         assert job.readline(60) == "logged 11"
-        second = ok(client.get("/api/series", params={"run": "live/3", "metric": "loss"}))["series"][0]
+        second = ok(client.get("/api/series", params=query))["series"][0]
         assert second["count"] == 11 and second["x"][-1] == 10
         assert len(points.segments - read_before) == 1  # the one new segment alone was read
     finally:

@@ -20,13 +20,13 @@ import pytest
 pytest.importorskip("starlette")
 pytest.importorskip("selenium")
 
-from selenium.webdriver.common.by import By  # noqa: E402
-from selenium.webdriver.common.keys import Keys  # noqa: E402
-from selenium.webdriver.support.ui import WebDriverWait  # noqa: E402
+from selenium.webdriver.common.by import By
+from selenium.webdriver.common.keys import Keys
+from selenium.webdriver.support.ui import WebDriverWait
 
-from async_tracker.backend.fsspec import encode_run_id  # noqa: E402
-from tests.core.helpers import Child, wait_until  # noqa: E402
-from tests.ui.conftest import STEPS, UiServer, screenshots_dir, start_live  # noqa: E402
+from async_tracker.backend.fsspec import encode_run_id
+from tests.core.helpers import Child, wait_until
+from tests.ui.conftest import STEPS, UiServer, screenshots_dir, start_live
 
 pytestmark = pytest.mark.server
 

@@ -13,8 +13,8 @@ import pytest
 pytest.importorskip("starlette")
 pytest.importorskip("uvicorn")
 
-from tests.core.helpers import Child  # noqa: E402
-from tests.ui.conftest import UiServer  # noqa: E402
+from tests.core.helpers import Child
+from tests.ui.conftest import UiServer
 
 pytestmark = pytest.mark.server
 
