@@ -2,7 +2,8 @@
 
 One :class:`LiveStore` per server owns every cache; the endpoints only ask it. It reads:
 
-* **The run list**, at most once per ``refresh_s`` however many clients poll: the backend's
+* **The run list**, at most once per ``refresh_s`` however many clients poll (0.5 s; 5 s for
+  a backend without run summaries, whose list is read run by run): the backend's
   run summaries, with a :class:`~async_tracker.backend.fsspec.SummaryFileCache` on local
   disk (a summary file whose inode, size and mtime did not change is not read again).
   Each run keeps the *version* at which its summary last changed; a client sends the
@@ -39,6 +40,9 @@ from async_tracker.tags import split_metadata
 # How often the run list is read again at most, in seconds: clients poll every second, and
 # a point logged shows within this plus a poll.
 DEFAULT_REFRESH_S = 0.5
+# The same for a backend that keeps no run summaries (TensorBoard, MLflow, a plug-in): its
+# list is every run read through the tracker API, points included, so it is read less often.
+SLOW_REFRESH_S = 5.0
 
 FloatArray = npt.NDArray[np.float64]
 
@@ -126,14 +130,17 @@ class LiveStore:
         tracker: TrackerBase,
         label: str,
         *,
-        refresh_s: float = DEFAULT_REFRESH_S,
+        refresh_s: float | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.tracker = tracker
         self.label = label
-        self.refresh_s = refresh_s
         self._clock = clock
         self._inner: Any = getattr(tracker, "async_tracker", tracker)
+        if refresh_s is None:
+            summaries = callable(getattr(self._inner, "run_summaries", None))
+            refresh_s = DEFAULT_REFRESH_S if summaries else SLOW_REFRESH_S
+        self.refresh_s = refresh_s
         self._summary_cache = _summary_cache(self._inner)
         self._index_lock = threading.Lock()
         self._points_lock = threading.Lock()
@@ -307,4 +314,6 @@ def _search_text(run: RunSummary) -> str:
     return "\n".join(parts).lower()
 
 
-__all__ = ["DEFAULT_REFRESH_S", "Changes", "Curve", "LiveStore", "UnknownRunError"]
+__all__ = [
+    "DEFAULT_REFRESH_S", "SLOW_REFRESH_S", "Changes", "Curve", "LiveStore", "UnknownRunError",
+]

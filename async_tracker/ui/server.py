@@ -11,7 +11,7 @@ from async_tracker.adapters import as_sync
 from async_tracker.base import TrackerBase
 from async_tracker.init_run import open_store, store_dir
 from async_tracker.ui.app import create_app
-from async_tracker.ui.live import DEFAULT_REFRESH_S, LiveStore
+from async_tracker.ui.live import LiveStore
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 6070
@@ -25,7 +25,7 @@ def serve(
     *,
     tracker: TrackerBase | None = None,
     label: str | None = None,
-    refresh_s: float = DEFAULT_REFRESH_S,
+    refresh_s: float | None = None,
 ) -> None:
     """Serves the dashboard of ``store`` (a path or fsspec URL; default
     ``$ASYNC_TRACKER_DIR``, else ``./tracker_runs``), or of ``tracker`` (any torchx
@@ -36,7 +36,8 @@ def serve(
         async_tracker.ui.serve("s3://bucket/runs", port=8080)
 
     Binding anything but the loopback prints a warning: the dashboard has no login, and
-    whoever reaches the address reads every run."""
+    whoever reaches the address reads every run. ``refresh_s``: how often the run list is
+    read again at most (default: 0.5 s, 5 s for a backend without run summaries)."""
     import uvicorn
 
     if tracker is None:

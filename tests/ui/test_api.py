@@ -234,3 +234,24 @@ def test_points_of_a_live_run_are_read_incrementally(tmp_path: Path, store: Path
     finally:
         job.proc.stdin.close()  # type: ignore[union-attr]
         assert job.wait(60) == 0
+
+
+def test_a_tensorboard_folder_is_read_through_the_tracker_api(tmp_path: Path) -> None:
+    pytest.importorskip("tensorboard")
+    from async_tracker import AppRun
+    from async_tracker.backend.tensorboard import TensorBoardTracker
+
+    run = AppRun("tb/1", [TensorBoardTracker(str(tmp_path / "tb"))],
+                 spool_dir=str(tmp_path / "spool"))  # fmt: skip
+    run.add_metadata(lr=0.1)
+    for step in range(50):
+        run.log_metric("loss", 1.0 / (step + 1), step=step)
+    assert run.close(30).ok
+    live = LiveStore(TensorBoardTracker(str(tmp_path / "tb")), "tensorboard")
+    assert live.refresh_s == 5.0  # read run by run: less often
+    client = TestClient(create_app(live))
+    (listed,) = ok(client.get("/api/runs"))["runs"]
+    assert listed["id"] == "tb/1" and listed["status"] == "finished"
+    assert listed["params"] == {"lr": 0.1} and listed["metrics"]["loss"]["count"] == 50
+    (series,) = ok(client.get("/api/series", params={"run": "tb/1"}))["series"]
+    assert series["count"] == 50 and series["y"][-1] == pytest.approx(0.02)
