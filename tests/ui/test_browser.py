@@ -9,6 +9,7 @@ never for a fixed time. The page exposes what the tests read: rows
 
 from __future__ import annotations
 
+import base64
 import os
 import signal
 from collections.abc import Callable, Iterator
@@ -64,10 +65,16 @@ def select(browser: Any, run_id: str) -> None:
 
 
 def save(browser: Any, tmp_path: Path, name: str) -> None:
+    """A screenshot of the whole page, 1400 pixels wide (the window is 1400x900)."""
     folder = screenshots_dir(tmp_path)
     folder.mkdir(parents=True, exist_ok=True)
-    browser.set_window_size(1400, 900)
-    assert browser.save_screenshot(str(folder / name))
+    height = browser.execute_script("return document.documentElement.scrollHeight")
+    shot = browser.execute_cdp_cmd(
+        "Page.captureScreenshot",
+        {"format": "png", "captureBeyondViewport": True,
+         "clip": {"x": 0, "y": 0, "width": 1400, "height": height, "scale": 1}},
+    )  # fmt: skip
+    (folder / name).write_bytes(base64.b64decode(shot["data"]))
 
 
 @pytest.fixture

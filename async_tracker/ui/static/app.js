@@ -15,6 +15,9 @@
   const PALETTE = ["#4f46e5", "#e11d48", "#059669", "#d97706", "#0891b2", "#7c3aed",
     "#db2777", "#65a30d", "#2563eb", "#ea580c", "#0d9488", "#9333ea"];
   const SYSTEM_PREFIX = "system/";
+  // Ticks of a step axis: whole steps only (1, 2, 5, 10, 20, 50 ...).
+  const STEP_INCRS = [];
+  for (let e = 1; e <= 1e12; e *= 10) STEP_INCRS.push(e, 2 * e, 5 * e);
 
   const state = {
     cursor: 0, generation: 0, runs: new Map(), ids: [], differ: [], total: 0,
@@ -408,7 +411,8 @@
       const opts = {
         width, height: 230, series, legend: { live: true },
         scales: { x: { time: state.x === "time" }, y: { distr: state.log ? 3 : 1 } },
-        axes: [{ stroke: "#6b7385", grid: { stroke: "#eef0f3" }, ticks: { stroke: "#e4e7ec" } },
+        axes: [{ stroke: "#6b7385", grid: { stroke: "#eef0f3" }, ticks: { stroke: "#e4e7ec" },
+          incrs: state.x === "step" ? STEP_INCRS : undefined },
           { stroke: "#6b7385", grid: { stroke: "#eef0f3" }, ticks: { stroke: "#e4e7ec" }, size: 56, values: (u, vals) => vals.map(fmtNum) }],
         cursor: { drag: { x: true, y: false } },
         hooks: {
@@ -512,6 +516,7 @@
   function renderRun(run, detail, fresh) {
     const view = $("run-view");
     if (fresh || !runCharts) {
+      $("charts-toolbar").append($("chart-controls"));  // out of the page about to be replaced
       const charts = el("div", { class: "charts", id: "run-charts" });
       const system = el("div", { class: "charts", id: "system-charts" });
       view.replaceChildren(
