@@ -90,6 +90,7 @@ from collections.abc import (
     Awaitable,
     Callable,
     Collection,
+    Hashable,
     Iterable,
     Iterator,
     Mapping,
@@ -438,6 +439,12 @@ class _Storage:
         """``(basename, type)`` of each entry, sorted by name; [] for a missing directory;
         :class:`NotADirectory` for a file. The listing cache is dropped first: other
         processes write here too."""
+        return [(name, kind) for name, kind, _ in await self.ls_versions(path)]
+
+    async def ls_versions(self, path: str) -> list[tuple[str, str, Hashable]]:
+        """:meth:`ls`, each entry with what tells its content apart from an earlier one
+        (size and ETag, or size and modification time; None where the filesystem gives
+        neither): what a reader that keeps files compares."""
         entries: list[dict[str, Any]] | None
         with _mapped(f"listing of {path}"):
             self.fs.invalidate_cache(path)
@@ -458,8 +465,11 @@ class _Storage:
             and entries[0]["name"].rstrip("/") == path.rstrip("/")
         ):
             raise NotADirectory(path)
-        out = [(posixpath.basename(e["name"].rstrip("/")), e.get("type", "file")) for e in entries]
-        return sorted(out)
+        out = [
+            (posixpath.basename(e["name"].rstrip("/")), e.get("type", "file"), _version_of(e))
+            for e in entries
+        ]
+        return sorted(out, key=_NAME)
 
     async def rm_many(self, paths: Sequence[str]) -> None:
         """Removes ``paths``; one already gone (another writer removed it) is no error."""
@@ -1221,8 +1231,9 @@ class AsyncFsspecTracker(AsyncTrackerBase):
         the store takes it (a read-only store: rebuilt again at the next read).
 
         ``cache``: a reader that lists the store again and again (the dashboard) passes the
-        same :class:`SummaryFileCache` each time; on local disk a summary file whose inode,
-        size and modification time are unchanged is then not read again."""
+        same :class:`SummaryFileCache` each time; a summary file unchanged since (on local
+        disk its inode, size and mtime; on an object store its size and ETag) is then not
+        read again."""
         now = time.time() if now is None else now
         skipped = _Skipped()
         if self._storage.stages:
@@ -1232,7 +1243,7 @@ class AsyncFsspecTracker(AsyncTrackerBase):
             for path, why in bad:
                 skipped.add(path, why)
         else:
-            found = await self._scan(skipped)
+            found = await self._scan(skipped, cache)
         # Runs without any summary, or that a writer found with records and no summary.
         missing = [
             f for f in found
@@ -1281,8 +1292,10 @@ class AsyncFsspecTracker(AsyncTrackerBase):
                 found.append((name, run_id))
         return found
 
-    async def _scan(self, skipped: _Skipped) -> list[_Found]:
+    async def _scan(self, skipped: _Skipped, cache: SummaryFileCache | None) -> list[_Found]:
         found = [_Found(run_id) for _, run_id in await self._run_dirs(skipped)]
+        if cache is not None:
+            return await self._scan_cached(found, skipped, cache)
         files = await _gather_bounded(
             [self._read_files(self._path(f.run_id, SUMMARY_DIR), skipped) for f in found]
         )
@@ -1291,6 +1304,41 @@ class AsyncFsspecTracker(AsyncTrackerBase):
                 why = f.add(name, data)
                 if why:
                     skipped.add(self._path(f.run_id, SUMMARY_DIR, name), why)
+        return found
+
+    async def _scan_cached(
+        self, found: list[_Found], skipped: _Skipped, cache: SummaryFileCache
+    ) -> list[_Found]:
+        """:meth:`_scan` reading only the summary files whose listed version (size, ETag)
+        changed since ``cache`` kept them: a listing per run, no read for the others."""
+
+        async def listing(f: _Found) -> list[tuple[str, str, Hashable]]:
+            try:
+                return await self._storage.ls_versions(self._path(f.run_id, SUMMARY_DIR))
+            except NotADirectory:
+                skipped.add(self._path(f.run_id, SUMMARY_DIR), "a file where a directory should be")
+                return []
+
+        listings = await _gather_bounded([listing(f) for f in found])
+        wanted = [
+            (f, name, self._path(f.run_id, SUMMARY_DIR, name), version)
+            for f, entries in zip(found, listings)
+            for name, kind, version in entries
+            if kind == "file"
+        ]
+        kept = [cache.get(path, version) for _, _, path, version in wanted]
+        missing = [i for i, data in enumerate(kept) if data is None]
+        read = await _gather_bounded([self._storage.get(wanted[i][2]) for i in missing])
+        for i, data in zip(missing, read):
+            if data is not None:  # None: removed meanwhile
+                cache.put(wanted[i][2], wanted[i][3], data)
+            kept[i] = data
+        cache.keep_only([path for _, _, path, _ in wanted])
+        for (f, name, path, _), data in zip(wanted, kept):
+            if data is not None:
+                why = f.add(name, data)
+                if why:
+                    skipped.add(path, why)
         return found
 
     async def _rebuild(self, run_id: str, skipped: _Skipped) -> dict[str, WriterSummary] | None:
@@ -1403,26 +1451,41 @@ class _Found:
 
 
 class SummaryFileCache:
-    """The summary files a reader read on local disk, by path, with the ``(inode, size,
-    mtime_ns)`` they had: a file that still has them is not read again. Writers replace a
-    summary by a rename (a new inode), so a rewrite within one mtime tick is still seen.
-    Owned by one reader; :meth:`AsyncFsspecTracker.run_summaries` fills and prunes it."""
+    """The summary files a reader read, by path, with the version they had: on local disk
+    ``(inode, size, mtime_ns)`` (writers replace a summary by a rename, a new inode, so a
+    rewrite within one mtime tick is still seen), on object stores the size and ETag of the
+    listing. A file whose version is unchanged is not read again. Owned by one reader;
+    :meth:`AsyncFsspecTracker.run_summaries` fills and prunes it."""
 
     def __init__(self) -> None:
-        self.files: dict[str, tuple[tuple[int, int, int], bytes]] = {}
-        self.reads = 0  # files read from disk (not taken from the cache), for tests
+        self.files: dict[str, tuple[Hashable, bytes]] = {}
+        self.reads = 0  # files read (not taken from the cache), for tests
+
+    def get(self, path: str, version: Hashable) -> bytes | None:
+        """The content kept of ``path`` if it was kept at ``version`` (never for None)."""
+        cached = self.files.get(path)
+        if version is None or cached is None or cached[0] != version:
+            return None
+        return cached[1]
+
+    def put(self, path: str, version: Hashable, data: bytes) -> None:
+        self.reads += 1
+        self.files[path] = (version, data)
 
     def read(self, path: str, stat: os.stat_result) -> bytes:
-        """The content of ``path``: cached if its stat is unchanged, else read."""
-        key = (stat.st_ino, stat.st_size, stat.st_mtime_ns)
-        cached = self.files.get(path)
-        if cached is not None and cached[0] == key:
-            return cached[1]
-        with open(path, "rb") as file:
-            data = file.read()
-        self.reads += 1
-        self.files[path] = (key, data)
+        """The content of the local file ``path``: cached if its stat is unchanged."""
+        version = (stat.st_ino, stat.st_size, stat.st_mtime_ns)
+        data = self.get(path, version)
+        if data is None:
+            with open(path, "rb") as file:
+                data = file.read()
+            self.put(path, version, data)
         return data
+
+    def keep_only(self, paths: Collection[str]) -> None:
+        """Drops the files not in ``paths`` (gone from the store)."""
+        for gone in self.files.keys() - set(paths):
+            del self.files[gone]
 
 
 def _scan_local(
@@ -1474,9 +1537,18 @@ def _scan_local(
             if why:
                 bad.append((path, why))
     if cache is not None:
-        for gone in cache.files.keys() - seen:
-            del cache.files[gone]
+        cache.keep_only(seen)
     return found, bad
+
+
+def _version_of(entry: Mapping[str, Any]) -> Hashable:
+    """What tells a listed file's content from an earlier one: size and ETag (S3, GCS), or
+    size and modification time; None when the listing has neither."""
+    tag = entry.get("ETag") or entry.get("etag") or entry.get("md5Hash")
+    stamp = entry.get("mtime") or entry.get("LastModified") or entry.get("updated")
+    if tag is None and stamp is None:
+        return None
+    return (entry.get("size"), str(tag), str(stamp))
 
 
 def _file_token(name: str) -> str:

@@ -5,6 +5,7 @@ of each writer's summary; a run without summaries costs its rebuild once, then t
 from __future__ import annotations
 
 import collections
+import functools
 
 import pytest
 
@@ -65,3 +66,33 @@ def test_listing_costs_one_listing_plus_one_of_each_run_and_a_read_per_writer(st
     assert fs.exists(f"{folder}/{REBUILT_SUMMARY}")
     _, again = listed(store)
     assert again == {"list_objects_v2": 1 + RUNS, "get_object": RUNS}, again
+
+
+def test_a_reader_with_a_cache_reads_only_the_summaries_that_changed(store: str) -> None:
+    from async_tracker.backend.fsspec import SummaryFileCache
+
+    runs = []
+    for i in range(3):
+        run = AppRun(f"proj/c{i}", [open_store(store)], heartbeat_s=0)
+        run.log_metric("loss", 1.0, step=0)
+        assert run.flush(30).ok
+        runs.append(run)
+    backend = open_store(store)
+    assert isinstance(backend, AsyncFsspecTracker)
+    cache = SummaryFileCache()
+
+    def read() -> tuple[dict[str, RunSummary], collections.Counter[str]]:
+        with counting() as calls:
+            found = runtime().loop.call(functools.partial(backend.run_summaries, cache=cache))
+        return {r.run_id: r for r in found}, calls
+
+    first, calls = read()
+    assert calls["get_object"] == 3
+    again, calls = read()
+    assert again == first and calls["get_object"] == 0  # listings only
+    runs[2].log_metric("loss", 0.5, step=1)
+    assert runs[2].flush(30).ok
+    changed, calls = read()
+    assert calls["get_object"] == 1 and changed["proj/c2"].metrics["loss"].count == 2
+    for run in runs:
+        assert run.close(30).ok
