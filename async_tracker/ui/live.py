@@ -20,6 +20,7 @@ never stalls the run list that other clients poll.
 
 from __future__ import annotations
 
+import collections
 import inspect
 import threading
 import time
@@ -43,6 +44,9 @@ DEFAULT_REFRESH_S = 0.5
 # The same for a backend that keeps no run summaries (TensorBoard, MLflow, a plug-in): its
 # list is every run read through the tracker API, points included, so it is read less often.
 SLOW_REFRESH_S = 5.0
+# The points kept in memory, all runs together (24 bytes each: about 1.2 GB): past it, the
+# runs least recently charted are dropped (read again if asked for again).
+MAX_CACHED_POINTS = 50_000_000
 
 FloatArray = npt.NDArray[np.float64]
 
@@ -132,6 +136,7 @@ class LiveStore:
         *,
         refresh_s: float | None = None,
         clock: Callable[[], float] = time.monotonic,
+        max_points: int = MAX_CACHED_POINTS,
     ) -> None:
         self.tracker = tracker
         self.label = label
@@ -149,8 +154,9 @@ class LiveStore:
         self._runs: dict[str, tuple[RunSummary, int]] = {}
         self._version = 0
         self._read_at: float | None = None
-        # Guarded by _points_lock.
-        self._points: dict[str, _RunPoints] = {}
+        # Guarded by _points_lock: the points read of each run, least recently asked first.
+        self._points: collections.OrderedDict[str, _RunPoints] = collections.OrderedDict()
+        self.max_points = max_points
         self.reads = 0  # run-list reads of the store, for tests and the benchmark
 
     # -- the run list ---------------------------------------------------------------------------
@@ -174,7 +180,10 @@ class LiveStore:
                     self._runs[r.run_id] = (r, self._version)
                 for run_id in gone:
                     del self._runs[run_id]
-            return self._version
+            version = self._version
+        if gone:
+            self.forget(gone)  # after the index lock: the two locks are never nested
+        return version
 
     def changes(
         self,
@@ -263,16 +272,35 @@ class LiveStore:
         summary = self.summary(run_id)
         count = sum(m.count for m in summary.metrics.values())
         with self._points_lock:
-            points = self._points.setdefault(run_id, _RunPoints())
+            points = self._points.get(run_id)
+            if points is None or count < points.seen_count:
+                # New, or fewer points than read: the run was deleted and written anew.
+                points = self._points[run_id] = _RunPoints()
+            self._points.move_to_end(run_id)
             if points.seen_count != count:
                 self._read_points(run_id, points)
                 points.seen_count = count
+                self._evict()
             wanted = points.curves if names is None else {
                 n: points.curves[n] for n in names if n in points.curves
             }  # fmt: skip
             for curve in wanted.values():
                 curve.columns()  # joined here, under the lock: one thread does it
             return dict(wanted)
+
+    def _evict(self) -> None:
+        """Drops the runs least recently charted while the points kept exceed the bound
+        (the run just read stays, however big)."""
+        total = sum(len(c) for p in self._points.values() for c in p.curves.values())
+        while total > self.max_points and len(self._points) > 1:
+            _, dropped = self._points.popitem(last=False)
+            total -= sum(len(c) for c in dropped.curves.values())
+
+    def forget(self, run_ids: Iterable[str]) -> None:
+        """Drops the points kept of ``run_ids`` (runs gone from the store)."""
+        with self._points_lock:
+            for run_id in run_ids:
+                self._points.pop(run_id, None)
 
     def _read_points(self, run_id: str, points: _RunPoints) -> None:
         segments = getattr(self._inner, "metric_segments", None)
@@ -315,5 +343,6 @@ def _search_text(run: RunSummary) -> str:
 
 
 __all__ = [
-    "DEFAULT_REFRESH_S", "SLOW_REFRESH_S", "Changes", "Curve", "LiveStore", "UnknownRunError",
+    "DEFAULT_REFRESH_S", "MAX_CACHED_POINTS", "SLOW_REFRESH_S", "Changes", "Curve", "LiveStore",
+    "UnknownRunError",
 ]

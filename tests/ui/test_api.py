@@ -16,6 +16,7 @@ from starlette.testclient import TestClient
 
 from async_tracker.adapters import as_sync
 from async_tracker.init_run import open_store
+from async_tracker.runtime.process import runtime
 from async_tracker.ui.app import create_app
 from async_tracker.ui.downsample import max_points
 from async_tracker.ui.live import LiveStore
@@ -255,3 +256,17 @@ def test_a_tensorboard_folder_is_read_through_the_tracker_api(tmp_path: Path) ->
     assert listed["params"] == {"lr": 0.1} and listed["metrics"]["loss"]["count"] == 50
     (series,) = ok(client.get("/api/series", params={"run": "tb/1"}))["series"]
     assert series["count"] == 50 and series["y"][-1] == pytest.approx(0.02)
+
+
+def test_points_kept_are_bounded_and_dropped_with_their_run(store: Path) -> None:
+    live = LiveStore(as_sync(open_store(store)), "store", refresh_s=0.0, max_points=400)
+    client = TestClient(create_app(live))
+    ok(client.get("/api/series", params={"run": "base/a"}))  # 360 points
+    ok(client.get("/api/series", params={"run": "base/b"}))  # 720 in all: base/a dropped
+    assert list(live._points) == ["base/b"]
+    again = ok(client.get("/api/series", params={"run": "base/a", "metric": "loss"}))
+    assert again["series"][0]["count"] == STEPS  # read again when asked again
+    assert list(live._points) == ["base/a"]
+    assert runtime().loop.call(open_store(store).delete_run, "base/a")
+    assert client.get("/api/runs/base/a").status_code == 404
+    assert list(live._points) == []
