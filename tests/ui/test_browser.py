@@ -21,6 +21,7 @@ import pytest
 pytest.importorskip("starlette")
 pytest.importorskip("selenium")
 
+from selenium.webdriver.common.action_chains import ActionChains
 from selenium.webdriver.common.by import By
 from selenium.webdriver.common.keys import Keys
 from selenium.webdriver.support.ui import WebDriverWait
@@ -249,3 +250,42 @@ def test_the_run_page_shows_params_artifacts_delivery_and_charts(
         job.close()
         server.close()
 
+
+
+def test_the_chart_controls_and_zoom_redraw_the_curves(page: Any) -> None:
+    select(page, "base/a")
+    select(page, "base/b")
+    until(page, lambda: charts(page).get("loss", {}).get("points") == [STEPS, STEPS], "drawn")
+    page.execute_script(
+        "const s = document.getElementById('smoothing'); s.value = '0.8';"
+        "s.dispatchEvent(new Event('input'));"
+    )
+    page.find_element(By.ID, "logscale").click()
+    page.find_element(By.CSS_SELECTOR, '.seg button[data-x="time"]').click()
+    chart = 'div.chart[data-metric="loss"]'
+    until(page, lambda: "time" in page.find_element(By.CSS_SELECTOR, f"{chart} .u-legend").text,
+          "time as x")  # fmt: skip
+    assert charts(page)["loss"]["points"] == [STEPS, STEPS]
+    # Smoothed: a raw series (faint, kept out of the legend) behind each run's smoothed one.
+    shown = page.execute_script(
+        f"return [...document.querySelectorAll('{chart} .u-legend .u-series')]"
+        ".filter(r => r.style.display !== 'none').length"
+    )
+    assert shown == 3  # x, and one row per run
+    page.find_element(By.CSS_SELECTOR, '.seg button[data-x="step"]').click()
+    until(page, lambda: "step" in page.find_element(By.CSS_SELECTOR, f"{chart} .u-legend").text,
+          "step as x")  # fmt: skip
+    # Drag across the middle of the plot: the server sends that window again.
+    over = page.find_element(By.CSS_SELECTOR, f"{chart} .u-over")
+    width = over.size["width"]
+    ActionChains(page).move_to_element_with_offset(over, -width // 8, 0).click_and_hold() \
+        .move_by_offset(width // 4, 0).release().perform()
+    until(page, lambda: "zoomed" in page.find_element(By.CSS_SELECTOR, chart).text, "zoomed")
+    zoomed = charts(page)["loss"]["points"]
+    assert all(0 < n < STEPS for n in zoomed), zoomed
+    # The chart was drawn anew with the window: its plot area is a new element.
+    ActionChains(page).double_click(page.find_element(By.CSS_SELECTOR, f"{chart} .u-over")) \
+        .perform()
+    until(page, lambda: charts(page)["loss"]["points"] == [STEPS, STEPS], "zoom reset")
+    errors = [e for e in page.get_log("browser") if e["level"] == "SEVERE"]
+    assert errors == []
