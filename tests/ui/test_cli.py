@@ -4,6 +4,8 @@ a warning for a non-loopback address; a clear error for a port taken."""
 from __future__ import annotations
 
 import json
+import os
+import signal
 import socket
 import urllib.request
 from pathlib import Path
@@ -62,3 +64,21 @@ def test_a_port_taken_is_a_one_line_error(store: Path) -> None:
         finally:
             child.close()
     assert f"cannot serve on 127.0.0.1:{port}" in stderr and "Traceback" not in stderr
+
+
+def test_serve_from_python_prints_its_url_and_returns_on_ctrl_c(store: Path) -> None:
+    child = Child(
+        "import sys, async_tracker.ui\n"
+        "async_tracker.ui.serve(sys.argv[1], port=0)\n"
+        "print('returned', flush=True)",
+        str(store),
+    )
+    try:
+        url = child.readline(60)
+        data = get_json(url + "api/runs")
+        assert isinstance(data, dict) and data["store"] == f"store {store}"
+        os.kill(child.proc.pid, signal.SIGINT)
+        assert child.readline(30) == "returned"
+        assert child.wait(30) == 0
+    finally:
+        child.close()
