@@ -291,6 +291,8 @@
     });
     if (stale.length) {
       const sigs = new Map(stale.map((id) => [id, signature(state.runs.get(id))]));
+      const first = stale.some((id) => !state.series.has(id));
+      if (first) $("charts-hint").textContent = "Reading curves…";  // a big run's first read takes a while
       try {
         const data = await fetchSeries(stale, width);
         const byRun = new Map();
