@@ -737,7 +737,7 @@ class AsyncFsspecTracker(AsyncTrackerBase):
         return {name.removesuffix(".json"): beat for name, beat in parsed}
 
     async def run_status(
-        self, run_id: str, now: float | None = None
+        self, run_id: str, now: float | None = None, *, cache: SummaryFileCache | None = None
     ) -> tuple[str, float | None]:
         """How the run ended and when: ``failed`` if any writer failed, else ``killed`` if
         any was killed, else ``finished`` (the time of the latest such ending). Only the
@@ -746,12 +746,14 @@ class AsyncFsspecTracker(AsyncTrackerBase):
         writer ended is ``running`` (time None), or ``crashed`` (time: its last heartbeat)
         when it has heartbeats and every one is older than ``CRASHED_AFTER_BEATS`` of its
         intervals at ``now`` (default: the wall clock). A run without heartbeats (torchx's,
-        or one written with heartbeats off) stays ``running``."""
+        or one written with heartbeats off) stays ``running``. ``cache``: see
+        :meth:`run_summaries`."""
         skipped = _Skipped()
-        parsed = await self._parsed(self._path(run_id, STATUS_DIR), _parse_status, skipped)
+        status_dir = self._path(run_id, STATUS_DIR)
+        parsed = await self._parsed(status_dir, _parse_status, skipped, cache)
         if not parsed:
             beats = await self._parsed(
-                self._path(run_id, HEARTBEAT_DIR), _parse_heartbeat, skipped
+                self._path(run_id, HEARTBEAT_DIR), _parse_heartbeat, skipped, cache
             )
             skipped.warn()
             now = time.time() if now is None else now
@@ -1041,12 +1043,13 @@ class AsyncFsspecTracker(AsyncTrackerBase):
 
     # -- reads ----------------------------------------------------------------------------------
     async def _read_files(
-        self, directory: str, skipped: _Skipped
+        self, directory: str, skipped: _Skipped, cache: SummaryFileCache | None = None
     ) -> tuple[list[tuple[str, bytes]], bool]:
         """``(name, content)`` of the files in ``directory``, sorted by name, and whether
-        one listed was gone when read (removed by a writer meanwhile)."""
+        one listed was gone when read (removed by a writer meanwhile). With ``cache``, a
+        file whose listed version is the one kept there is not read again."""
         try:
-            listing = await self._storage.ls(directory)
+            listing = await self._storage.ls_versions(directory)
         except NotADirectory:
             # This folder, or the run's directory above it, is a file: name the one it is.
             parent = posixpath.dirname(directory)
@@ -1056,21 +1059,36 @@ class AsyncFsspecTracker(AsyncTrackerBase):
                 skipped.add(directory, "a file where a directory should be")
             return [], False
         names: list[str] = []
-        for name, kind in listing:
+        versions: list[Hashable] = []
+        for name, kind, version in listing:
             if kind == "file":
                 names.append(name)
+                versions.append(version)
             else:
                 skipped.add(posixpath.join(directory, name), "a directory where files are kept")
-        contents = await _gather_bounded(
-            [self._storage.get(posixpath.join(directory, n)) for n in names]
-        )
+        paths = [posixpath.join(directory, n) for n in names]
+        if cache is None:
+            contents = await _gather_bounded([self._storage.get(p) for p in paths])
+        else:
+            kept = [cache.get(p, v) for p, v in zip(paths, versions)]
+            missing = [i for i, data in enumerate(kept) if data is None]
+            read = await _gather_bounded([self._storage.get(paths[i]) for i in missing])
+            for i, data in zip(missing, read):
+                if data is not None:
+                    cache.put(paths[i], versions[i], data)
+                kept[i] = data
+            contents = kept
         files = [(n, c) for n, c in zip(names, contents) if c is not None]
         return files, len(files) < len(names)
 
     async def _parsed(
-        self, directory: str, parse: Callable[[str, bytes], T], skipped: _Skipped
+        self,
+        directory: str,
+        parse: Callable[[str, bytes], T],
+        skipped: _Skipped,
+        cache: SummaryFileCache | None = None,
     ) -> list[tuple[str, T]]:
-        files, _ = await self._read_files(directory, skipped)
+        files, _ = await self._read_files(directory, skipped, cache)
         return _parse_each(directory, files, parse, skipped)
 
     async def metadata(self, run_id: str) -> Mapping[str, object]:
@@ -1236,6 +1254,8 @@ class AsyncFsspecTracker(AsyncTrackerBase):
         read again."""
         now = time.time() if now is None else now
         skipped = _Skipped()
+        if cache is not None:
+            cache.start_pass()
         if self._storage.stages:
             found, bad = await run_blocking(
                 _scan_local, self.root_dir, cache, endpoint=self._storage.endpoint
@@ -1263,8 +1283,13 @@ class AsyncFsspecTracker(AsyncTrackerBase):
             endings.append(_last_life_ending(ended) if ended else None)
         unended = [f.run_id for f, e in zip(runs, endings) if e is None]
         statuses = dict(
-            zip(unended, await _gather_bounded([self.run_status(r, now) for r in unended]))
+            zip(
+                unended,
+                await _gather_bounded([self.run_status(r, now, cache=cache) for r in unended]),
+            )
         )
+        if cache is not None:
+            cache.end_pass()  # what this listing did not see is gone from the store
         skipped.warn()
         out = []
         for f, ending in zip(runs, endings):
@@ -1294,51 +1319,14 @@ class AsyncFsspecTracker(AsyncTrackerBase):
 
     async def _scan(self, skipped: _Skipped, cache: SummaryFileCache | None) -> list[_Found]:
         found = [_Found(run_id) for _, run_id in await self._run_dirs(skipped)]
-        if cache is not None:
-            return await self._scan_cached(found, skipped, cache)
         files = await _gather_bounded(
-            [self._read_files(self._path(f.run_id, SUMMARY_DIR), skipped) for f in found]
+            [self._read_files(self._path(f.run_id, SUMMARY_DIR), skipped, cache) for f in found]
         )
         for f, (contents, _) in zip(found, files):
             for name, data in contents:
                 why = f.add(name, data)
                 if why:
                     skipped.add(self._path(f.run_id, SUMMARY_DIR, name), why)
-        return found
-
-    async def _scan_cached(
-        self, found: list[_Found], skipped: _Skipped, cache: SummaryFileCache
-    ) -> list[_Found]:
-        """:meth:`_scan` reading only the summary files whose listed version (size, ETag)
-        changed since ``cache`` kept them: a listing per run, no read for the others."""
-
-        async def listing(f: _Found) -> list[tuple[str, str, Hashable]]:
-            try:
-                return await self._storage.ls_versions(self._path(f.run_id, SUMMARY_DIR))
-            except NotADirectory:
-                skipped.add(self._path(f.run_id, SUMMARY_DIR), "a file where a directory should be")
-                return []
-
-        listings = await _gather_bounded([listing(f) for f in found])
-        wanted = [
-            (f, name, self._path(f.run_id, SUMMARY_DIR, name), version)
-            for f, entries in zip(found, listings)
-            for name, kind, version in entries
-            if kind == "file"
-        ]
-        kept = [cache.get(path, version) for _, _, path, version in wanted]
-        missing = [i for i, data in enumerate(kept) if data is None]
-        read = await _gather_bounded([self._storage.get(wanted[i][2]) for i in missing])
-        for i, data in zip(missing, read):
-            if data is not None:  # None: removed meanwhile
-                cache.put(wanted[i][2], wanted[i][3], data)
-            kept[i] = data
-        cache.keep_only([path for _, _, path, _ in wanted])
-        for (f, name, path, _), data in zip(wanted, kept):
-            if data is not None:
-                why = f.add(name, data)
-                if why:
-                    skipped.add(path, why)
         return found
 
     async def _rebuild(self, run_id: str, skipped: _Skipped) -> dict[str, WriterSummary] | None:
@@ -1451,24 +1439,38 @@ class _Found:
 
 
 class SummaryFileCache:
-    """The summary files a reader read, by path, with the version they had: on local disk
-    ``(inode, size, mtime_ns)`` (writers replace a summary by a rename, a new inode, so a
-    rewrite within one mtime tick is still seen), on object stores the size and ETag of the
-    listing. A file whose version is unchanged is not read again. Owned by one reader;
-    :meth:`AsyncFsspecTracker.run_summaries` fills and prunes it."""
+    """The files a reader of the run list read (summaries, and the status and heartbeat
+    files of runs not ended), by path, with the version they had: on local disk their inode,
+    size and mtime (writers replace a file by a rename, a new inode, so a rewrite within one
+    mtime tick is still seen), on object stores the size and ETag of the listing. A file
+    whose version is unchanged is not read again. Owned by one reader, one listing at a
+    time: :meth:`AsyncFsspecTracker.run_summaries` fills it and drops what a listing no
+    longer sees."""
 
     def __init__(self) -> None:
         self.files: dict[str, tuple[Hashable, bytes]] = {}
         self.reads = 0  # files read (not taken from the cache), for tests
+        self._seen: set[str] = set()
+
+    def start_pass(self) -> None:
+        """A listing of the store begins: the files it does not ask for are dropped at
+        :meth:`end_pass` (gone from the store)."""
+        self._seen = set()
+
+    def end_pass(self) -> None:
+        for gone in self.files.keys() - self._seen:
+            del self.files[gone]
 
     def get(self, path: str, version: Hashable) -> bytes | None:
         """The content kept of ``path`` if it was kept at ``version`` (never for None)."""
+        self._seen.add(path)
         cached = self.files.get(path)
         if version is None or cached is None or cached[0] != version:
             return None
         return cached[1]
 
     def put(self, path: str, version: Hashable, data: bytes) -> None:
+        self._seen.add(path)
         self.reads += 1
         self.files[path] = (version, data)
 
@@ -1482,10 +1484,6 @@ class SummaryFileCache:
             self.put(path, version, data)
         return data
 
-    def keep_only(self, paths: Collection[str]) -> None:
-        """Drops the files not in ``paths`` (gone from the store)."""
-        for gone in self.files.keys() - set(paths):
-            del self.files[gone]
 
 
 def _scan_local(
@@ -1494,8 +1492,7 @@ def _scan_local(
     """:meth:`AsyncFsspecTracker._scan` on local disk, in one blocking call (a worker
     thread's): os calls straight, no fsspec layer nor thread hop per file; 10,000 runs read
     in a fraction of a second. Also what it skipped: ``(path, why)``. With ``cache``, files
-    unchanged since its last scan are taken from it (and files gone are dropped from it)."""
-    seen: set[str] = set()
+    unchanged since its last scan are taken from it."""
     found: list[_Found] = []
     bad: list[tuple[str, str]] = []
     try:
@@ -1526,7 +1523,6 @@ def _scan_local(
                     with open(path, "rb") as file:
                         data = file.read()
                 else:
-                    seen.add(path)
                     data = cache.read(path, os.stat(path))
             except FileNotFoundError:
                 continue  # removed meanwhile
@@ -1536,19 +1532,18 @@ def _scan_local(
             why = f.add(name, data)
             if why:
                 bad.append((path, why))
-    if cache is not None:
-        cache.keep_only(seen)
     return found, bad
 
 
 def _version_of(entry: Mapping[str, Any]) -> Hashable:
     """What tells a listed file's content from an earlier one: size and ETag (S3, GCS), or
-    size and modification time; None when the listing has neither."""
+    size, modification time and inode (local disk); None when the listing has neither."""
     tag = entry.get("ETag") or entry.get("etag") or entry.get("md5Hash")
     stamp = entry.get("mtime") or entry.get("LastModified") or entry.get("updated")
     if tag is None and stamp is None:
         return None
-    return (entry.get("size"), str(tag), str(stamp))
+    # The inode too where there is one: a file replaced by a rename is a new one.
+    return (entry.get("size"), str(tag), str(stamp), entry.get("ino"))
 
 
 def _file_token(name: str) -> str:
