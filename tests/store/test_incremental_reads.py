@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import functools
 import math
+import time
 from pathlib import Path
 
 from async_tracker import AppRun
@@ -88,3 +89,22 @@ def test_a_heartbeat_carries_the_writers_delivery_state(tmp_path: Path) -> None:
     (beat,) = runtime().loop.call(store.heartbeats, "r/1").values()
     assert beat["delivery"] == state and beat["time"] >= old["time"]  # type: ignore[operator]
     assert runtime().loop.call(store.run_status, "r/1") == ("running", None)
+
+
+def test_heartbeats_of_runs_not_ended_are_read_again_only_when_rewritten(tmp_path: Path) -> None:
+    root = tmp_path / "runs"
+    store = backend(root)
+    runtime().loop.call(functools.partial(store.heartbeat, "r/1", 30.0))
+    runtime().loop.call(functools.partial(store.add_metadata, "r/1", lr=0.1))  # a run
+    cache = SummaryFileCache()
+    (first,) = read(store, cache)
+    assert first.status == "running" and cache.reads == 2  # the summary and the heartbeat
+    assert read(store, cache) == [first] and cache.reads == 2
+    runtime().loop.call(functools.partial(store.heartbeat, "r/1", 30.0))
+    read(store, cache)
+    assert cache.reads == 3  # the heartbeat rewritten, alone
+    # Once the heartbeats are old, the run reads as crashed from the kept heartbeat.
+    (late,) = runtime().loop.call(
+        functools.partial(store.run_summaries, time.time() + 1000, cache=cache)
+    )
+    assert late.status == "crashed" and cache.reads == 3
