@@ -9,6 +9,7 @@ async interface: plain ``TrackerBase`` objects are wrapped by
 
 from __future__ import annotations
 
+import inspect
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TypeAlias
@@ -96,7 +97,8 @@ class AsyncTrackerBase(ABC):
       ``end_run``, last. A backend that is down gets it later, from the spool, like any
       record.
     * ``heartbeat(run_id, interval_s)``: a live run says it is alive, every ``interval_s``
-      (readers show a run that stopped saying so without ending as crashed).
+      (readers show a run that stopped saying so without ending as crashed). One that also
+      takes ``delivery=`` gets the lane's delivery state to store with it.
     * ``aclose(reason)``: release the backend (called for the backends a run built itself).
     * ``delete_run(run_id)``: delete a run (``async-tracker rm``); the default cannot.
 
@@ -245,6 +247,15 @@ END_PART = "end"
 def has_heartbeat(backend: AsyncTrackerBase) -> bool:
     """Whether ``backend`` implements :meth:`AsyncTrackerBase.heartbeat`."""
     return type(backend).heartbeat is not AsyncTrackerBase.heartbeat
+
+
+def takes_delivery(backend: AsyncTrackerBase) -> bool:
+    """Whether ``backend``'s heartbeat takes a ``delivery`` keyword: the lane's state (lag,
+    spooled, last error...), which it then stores for readers (the fsspec store does)."""
+    try:
+        return "delivery" in inspect.signature(backend.heartbeat).parameters
+    except (TypeError, ValueError):  # no signature to read (a C callable)
+        return False
 
 
 def backend_name(backend: object) -> str:

@@ -13,6 +13,7 @@
     async-tracker sync [SPOOL_DIR] [--to URL|FACTORY]
     async-tracker tag RUN_ID [+TAG ...] [-TAG ...] [--note TEXT]
     async-tracker rm RUN_ID [RUN_ID ...] [--yes]
+    async-tracker ui [--host 127.0.0.1] [--port N]
     async-tracker --version
 
 The tracker read is ``--tracker NAME --config CFG`` if given, else ``--store PATH|URL``, else
@@ -33,7 +34,7 @@ import sys
 from collections.abc import Sequence
 
 import async_tracker
-from async_tracker.cli import export, plot, query, rm, run, sync, tag
+from async_tracker.cli import export, plot, query, rm, run, sync, tag, ui
 from async_tracker.cli.common import EXIT_FAILURE, EXIT_USAGE, CliError, StoreError, warn
 from async_tracker.errors import TrackerError
 
@@ -74,6 +75,7 @@ def parser() -> argparse.ArgumentParser:
     sync.register(sub, common)
     tag.register(sub, common)
     rm.register(sub, common)
+    ui.register(sub, common)
     return p
 
 

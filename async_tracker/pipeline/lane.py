@@ -31,10 +31,11 @@ from __future__ import annotations
 import logging
 import random
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 import anyio
 
-from async_tracker.base import AsyncTrackerBase, has_heartbeat
+from async_tracker.base import AsyncTrackerBase, has_heartbeat, takes_delivery
 from async_tracker.clock import Clock
 from async_tracker.errors import RecordError, classify, describe
 from async_tracker.pipeline.cutter import split
@@ -79,6 +80,9 @@ class Lane:
         self.takes_metrics = backend.supports_metrics
         # Seconds between heartbeats; 0: none (also for backends without the method).
         self.heartbeat_s = heartbeat_s if has_heartbeat(backend) else 0.0
+        # A backend whose heartbeat takes ``delivery`` stores the lane's state with each
+        # beat (lag, spooled, last error), for readers of a live run (the dashboard).
+        self._beat_delivery = self.heartbeat_s > 0 and takes_delivery(backend)
         self.log = BatchLog(
             spool,
             clock,
@@ -211,6 +215,15 @@ class Lane:
             replayed=log.adopted,
         )
 
+    def delivery_state(self) -> dict[str, object]:
+        """What a heartbeat tells readers of the lane (see :meth:`status`)."""
+        s = self.status(0)
+        return {
+            "lag_s": round(s.lag_s, 3), "pending": s.in_flight, "spooled": s.spooled,
+            "delivered": s.delivered, "dropped": s.dropped, "retries": s.retries,
+            "last_error": s.last_error, "healthy": s.healthy,
+        }  # fmt: skip
+
     # -- what the log tells --------------------------------------------------------------------
     def _on_spool_error(self, message: str) -> None:
         self.last_error = message
@@ -245,7 +258,11 @@ class Lane:
         while True:
             with self.clock.move_on_after(self.heartbeat_s):
                 try:
-                    await self.backend.heartbeat(self.run_id, self.heartbeat_s)
+                    if self._beat_delivery:
+                        beat: Any = self.backend.heartbeat
+                        await beat(self.run_id, self.heartbeat_s, delivery=self.delivery_state())
+                    else:
+                        await self.backend.heartbeat(self.run_id, self.heartbeat_s)
                 except Exception as exc:
                     logger.debug(
                         "async_tracker: heartbeat of run %r on %s failed: %s",

@@ -8,6 +8,7 @@ and how it ended, summarised here the same way.
 
 from __future__ import annotations
 
+import functools
 import inspect
 import math
 from collections.abc import Callable, Sequence
@@ -19,12 +20,17 @@ from async_tracker.store.expr import parse_filter, parse_sort
 from async_tracker.store.summary import MetricSummary, RunSummary
 
 
-def read_runs(tracker: TrackerBase) -> list[RunSummary]:
-    """Every run's summary in ``tracker``'s store, in no particular order."""
+def read_runs(tracker: TrackerBase, cache: object | None = None) -> list[RunSummary]:
+    """Every run's summary in ``tracker``'s store, in no particular order. ``cache``: what
+    the backend's ``run_summaries`` keeps between reads of one reader (the fsspec store's
+    ``SummaryFileCache``), passed on; ignored by a tracker without summaries."""
     inner = getattr(tracker, "async_tracker", tracker)
     read: Callable[..., Any] | None = getattr(inner, "run_summaries", None)
     if callable(read):
-        if inspect.iscoroutinefunction(read):
+        is_async = inspect.iscoroutinefunction(read)
+        if cache is not None:
+            read = functools.partial(read, cache=cache)
+        if is_async:
             result: list[RunSummary] = runtime().loop.call(read)
         else:
             result = read()

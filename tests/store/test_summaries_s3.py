@@ -6,12 +6,18 @@ same."""
 from __future__ import annotations
 
 import collections
+import functools
 import time
 
 import pytest
 
 from async_tracker import AppRun
-from async_tracker.backend.fsspec import REBUILT_TOKEN, AsyncFsspecTracker, encode_run_id
+from async_tracker.backend.fsspec import (
+    REBUILT_TOKEN,
+    AsyncFsspecTracker,
+    SummaryFileCache,
+    encode_run_id,
+)
 from async_tracker.init_run import open_store
 from async_tracker.runtime.process import runtime
 from async_tracker.store.summary import RunSummary
@@ -97,3 +103,30 @@ def test_a_live_run_costs_its_summary_alone_and_a_crashed_one_its_status(store: 
     runs, _ = listed(store)
     assert runs["proj/live"].status == "finished"
 
+
+def test_a_reader_with_a_cache_reads_only_the_summaries_that_changed(store: str) -> None:
+    runs = []
+    for i in range(3):
+        run = AppRun(f"proj/c{i}", [open_store(store)], heartbeat_s=0)
+        run.log_metric("loss", 1.0, step=0)
+        assert run.flush(30).ok
+        runs.append(run)
+    backend = open_store(store)
+    assert isinstance(backend, AsyncFsspecTracker)
+    cache = SummaryFileCache()
+
+    def read() -> tuple[dict[str, RunSummary], collections.Counter[str]]:
+        with counting() as calls:
+            found = runtime().loop.call(functools.partial(backend.run_summaries, cache=cache))
+        return {r.run_id: r for r in found}, calls
+
+    first, calls = read()
+    assert calls["get_object"] == 3
+    again, calls = read()
+    assert again == first and calls["get_object"] == 0  # listings only
+    runs[2].log_metric("loss", 0.5, step=1)
+    assert runs[2].flush(30).ok
+    changed, calls = read()
+    assert calls["get_object"] == 1 and changed["proj/c2"].metrics["loss"].count == 2
+    for run in runs:
+        assert run.close(30).ok

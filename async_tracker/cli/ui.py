@@ -1,0 +1,43 @@
+"""``ui``: the local dashboard of a store, served until Ctrl-C (needs the ui extra)."""
+
+from __future__ import annotations
+
+import argparse
+
+from async_tracker.cli.common import CliError, tracker_and_label
+
+MISSING_UI = "the dashboard needs its extra: pip install 'async-tracker[ui]'"
+
+
+def cmd_ui(args: argparse.Namespace) -> int:
+    try:
+        from async_tracker.ui import server
+    except ImportError as exc:  # starlette, uvicorn or numpy missing
+        raise CliError(f"{MISSING_UI} ({exc})") from exc
+    if not 0 <= args.port <= 65535:
+        raise CliError(f"--port must be 0 (a free port) to 65535, got {args.port}")
+    tracker, label = tracker_and_label(args)
+    try:
+        # The store is first read on the first request (its errors go to the page); what
+        # fails here is the address (a port taken, a host not ours).
+        server.serve(host=args.host, port=args.port, tracker=tracker, label=label)
+    except OSError as exc:
+        raise CliError(f"cannot serve on {args.host}:{args.port}: {exc.strerror or exc}") from exc
+    return 0
+
+
+def register(
+    sub: argparse._SubParsersAction[argparse.ArgumentParser], common: argparse.ArgumentParser
+) -> None:
+    p = sub.add_parser(
+        "ui",
+        parents=[common],
+        help="serve the local dashboard of the store (needs the ui extra)",
+        description="Serves a live dashboard of the store's runs on a local port, until "
+        "Ctrl-C. Prints its URL first. Read-only.",
+    )
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1)")
+    p.add_argument(
+        "--port", type=int, default=6070, help="port to bind (default: 6070; 0: a free one)"
+    )
+    p.set_defaults(func=cmd_ui)

@@ -1,0 +1,207 @@
+"""The dashboard's ASGI app: a page, its static files, and a small read-only JSON API.
+
+Endpoints (every answer is JSON; an error is ``{"error": "one line"}`` with its status)::
+
+    GET /                      the page (static/index.html)
+    GET /static/...            its scripts, styles and the vendored chart library
+    GET /api/runs              the run list: ?cursor=N&filter=EXPR&sort=[-]KEY&search=TEXT
+                               -> {version, runs: [changed after cursor], ids: [all shown,
+                                  in order], differ: [params that differ], total, store}
+    GET /api/runs/{id}         one run: its summary, params, tags, note, artifacts, lineage
+                               and live writers (heartbeats, delivery state)
+    GET /api/series            curves: ?run=ID (repeated) &metric=NAME (repeated; all
+                               without) &x=step|time &width=PIXELS &xmin=X &xmax=X
+                               -> {series: [{run, metric, count, x, y}], max_points}
+
+Errors: an unknown run is 404, a filter that does not parse 400 with the parser's one-line
+message (where it went wrong, what was expected), a bad parameter 400, a store that cannot
+be read 503 naming the store and why. Never a traceback page.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import math
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import orjson
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import FileResponse, Response
+from starlette.routing import Mount, Route
+from starlette.staticfiles import StaticFiles
+
+from async_tracker.errors import BackendError
+from async_tracker.store.expr import FilterError
+from async_tracker.store.summary import MetricSummary, RunSummary
+from async_tracker.ui.downsample import DEFAULT_WIDTH, clamp_width, max_points, min_max, window
+from async_tracker.ui.live import LiveStore, UnknownRunError
+
+STATIC_DIR = Path(__file__).resolve().parent / "static"
+
+
+class BadRequestError(ValueError):
+    """A request parameter the API cannot take (400)."""
+
+
+def json_response(data: object, status: int = 200) -> Response:
+    """JSON by orjson (numpy arrays directly; NaN and infinities become null)."""
+    try:
+        body = orjson.dumps(data, option=orjson.OPT_SERIALIZE_NUMPY)
+    except TypeError:
+        # A value orjson does not take (an int over 64 bits in a param, say): as text.
+        text = json.dumps(data, default=str)
+        body = orjson.dumps(json.loads(text, parse_constant=lambda _: None))
+    return Response(body, status_code=status, media_type="application/json")
+
+
+def _error(status: int, message: str) -> Response:
+    return json_response({"error": message}, status)
+
+
+Endpoint = Callable[[LiveStore, Request], object]
+
+
+def _api(live: LiveStore, endpoint: Endpoint) -> Callable[[Request], Response]:
+    """A plain (blocking) endpoint: Starlette runs it in a worker thread. Its errors become
+    one-line JSON answers here, at one boundary."""
+
+    @functools.wraps(endpoint)
+    def handle(request: Request) -> Response:
+        try:
+            return json_response(endpoint(live, request))
+        except UnknownRunError as exc:
+            return _error(404, str(exc))
+        except FilterError as exc:
+            # Its first line says where and what was expected; the rest repeats the text.
+            return _error(400, str(exc).splitlines()[0])
+        except BadRequestError as exc:
+            return _error(400, str(exc))
+        except (BackendError, OSError) as exc:
+            reason = " ".join(str(exc).split()) or type(exc).__name__
+            return _error(503, f"cannot read the {live.label}: {reason[:300]}")
+        except Exception as exc:  # a bug of ours: still one line, never a traceback page
+            return _error(500, f"internal error: {type(exc).__name__}: {exc}")
+
+    return handle
+
+
+def run_json(run: RunSummary) -> dict[str, Any]:
+    """A run summary as the page reads it."""
+    return {
+        "id": run.run_id,
+        "status": run.status,
+        "start": run.start,
+        "end": run.end,
+        "heartbeat": run.heartbeat,
+        "duration": run.duration_s,
+        "params": dict(run.params),
+        "tags": sorted(run.tags),
+        "note": run.note,
+        "metrics": {name: _metric_json(m) for name, m in run.metrics.items()},
+    }
+
+
+def _metric_json(m: MetricSummary) -> dict[str, Any]:
+    return {"last": _num(m.last), "min": _num(m.min), "max": _num(m.max), "count": m.count,
+            "step": m.last_step}  # fmt: skip
+
+
+def _num(value: float | None) -> float | str | None:
+    """JSON has no NaN or infinities: text, so that the page shows them as they are."""
+    if value is None or math.isfinite(value):
+        return value
+    return repr(value)
+
+
+def _runs(live: LiveStore, request: Request) -> object:
+    q = request.query_params
+    changes = live.changes(
+        cursor=_int(q.get("cursor", "0"), "cursor"),
+        filter=q.get("filter", ""),
+        sort=q.get("sort", ""),
+        search=q.get("search", "").strip(),
+    )
+    return {
+        "version": changes.version,
+        "runs": [run_json(r) for r in changes.runs],
+        "ids": changes.ids,
+        "differ": changes.differ,
+        "total": changes.total,
+        "store": live.label,
+    }
+
+
+def _run(live: LiveStore, request: Request) -> object:
+    run_id = request.path_params["run_id"]
+    summary = live.summary(run_id)
+    return {"run": run_json(summary), **live.detail(run_id)}
+
+
+def _series(live: LiveStore, request: Request) -> object:
+    q = request.query_params
+    runs = q.getlist("run")
+    if not runs:
+        raise BadRequestError("give at least one run: ?run=ID")
+    metrics = q.getlist("metric") or None
+    axis = q.get("x", "step")
+    if axis not in ("step", "time"):
+        raise BadRequestError(f"x must be step or time, got {axis!r}")
+    width = clamp_width(_int(q.get("width", str(DEFAULT_WIDTH)), "width"))
+    xmin, xmax = _float(q.get("xmin"), "xmin"), _float(q.get("xmax"), "xmax")
+    series = []
+    for run_id in runs:
+        for name, curve in live.curves(run_id, metrics).items():
+            if axis == "step":
+                x, y, _ = curve.columns()
+            else:
+                x, y = curve.by_time()
+            part = window(x, xmin, xmax)
+            x, y = x[part], y[part]
+            keep = min_max(x, y, width)
+            series.append(
+                {"run": run_id, "metric": name, "count": len(curve), "shown": len(keep),
+                 "x": x[keep], "y": y[keep]}
+            )  # fmt: skip
+    return {"series": series, "max_points": max_points(width)}
+
+
+def _int(text: str, name: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise BadRequestError(f"{name} must be an integer, got {text!r}") from None
+
+
+def _float(text: str | None, name: str) -> float | None:
+    if text is None or text == "":
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        raise BadRequestError(f"{name} must be a number, got {text!r}") from None
+    if not math.isfinite(value):
+        raise BadRequestError(f"{name} must be a finite number, got {text!r}")
+    return value
+
+
+def _index(request: Request) -> Response:
+    return FileResponse(STATIC_DIR / "index.html", headers={"Cache-Control": "no-cache"})
+
+
+def create_app(live: LiveStore) -> Starlette:
+    """The dashboard over ``live`` (one :class:`~async_tracker.ui.live.LiveStore`)."""
+    routes = [
+        Route("/", _index),
+        Route("/api/runs", _api(live, _runs)),
+        Route("/api/runs/{run_id:path}", _api(live, _run)),
+        Route("/api/series", _api(live, _series)),
+        Mount("/static", StaticFiles(directory=STATIC_DIR), name="static"),
+    ]
+    return Starlette(routes=routes)
+
+
+__all__ = ["STATIC_DIR", "BadRequestError", "create_app", "json_response", "run_json"]

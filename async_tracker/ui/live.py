@@ -1,0 +1,348 @@
+"""What the dashboard has read of a store, and what changed since a client last asked.
+
+One :class:`LiveStore` per server owns every cache; the endpoints only ask it. It reads:
+
+* **The run list**, at most once per ``refresh_s`` however many clients poll (0.5 s; 5 s for
+  a backend without run summaries, whose list is read run by run): the backend's
+  run summaries, with a :class:`~async_tracker.backend.fsspec.SummaryFileCache` on local
+  disk (a summary file whose inode, size and mtime did not change is not read again).
+  Each run keeps the *version* at which its summary last changed; a client sends the
+  version it has (its cursor) and gets back only the runs changed after it.
+* **Metric points**, per run, when a chart asks for them and the run's summary says it has
+  more points than were read: on the fsspec store only the segments not read yet (they are
+  immutable once written), appended to numpy arrays that stay in memory; other backends
+  (TensorBoard, MLflow, plug-ins) are read whole again, only when their summary changed.
+
+Concurrency: endpoints run in worker threads (the reads block on the tracker loop). The
+index has one lock and the metric cache another, so that a long first read of a huge metric
+never stalls the run list that other clients poll.
+"""
+
+from __future__ import annotations
+
+import collections
+import inspect
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from async_tracker.base import TrackerBase
+from async_tracker.runtime.process import runtime
+from async_tracker.store.expr import differing_params
+from async_tracker.store.runs import read_runs, select
+from async_tracker.store.summary import RunSummary
+from async_tracker.tags import split_metadata
+
+# How often the run list is read again at most, in seconds: clients poll every second, and
+# a point logged shows within this plus a poll.
+DEFAULT_REFRESH_S = 0.5
+# The same for a backend that keeps no run summaries (TensorBoard, MLflow, a plug-in): its
+# list is every run read through the tracker API, points included, so it is read less often.
+SLOW_REFRESH_S = 5.0
+# The points kept in memory, all runs together (24 bytes each: about 1.2 GB): past it, the
+# runs least recently charted are dropped (read again if asked for again).
+MAX_CACHED_POINTS = 50_000_000
+
+FloatArray = npt.NDArray[np.float64]
+
+
+class UnknownRunError(KeyError):
+    """No run of that id in the store (the endpoints answer 404)."""
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
+@dataclass
+class Curve:
+    """Every point of one metric of one run read so far, in step order (then time): numpy
+    columns. New points are appended as chunks and joined when next read."""
+
+    steps: FloatArray = field(default_factory=lambda: np.empty(0))
+    values: FloatArray = field(default_factory=lambda: np.empty(0))
+    times: FloatArray = field(default_factory=lambda: np.empty(0))
+    _chunks: list[tuple[FloatArray, FloatArray, FloatArray]] = field(default_factory=list)
+    _by_time: npt.NDArray[np.intp] | None = None
+
+    def add(self, steps: Sequence[int], values: Sequence[float], times: Sequence[float]) -> None:
+        if len(steps):
+            self._chunks.append(
+                (np.asarray(steps, np.float64), np.asarray(values, np.float64),
+                 np.asarray(times, np.float64))
+            )  # fmt: skip
+
+    def columns(self) -> tuple[FloatArray, FloatArray, FloatArray]:
+        """``(steps, values, times)``, sorted by step then time."""
+        if self._chunks:
+            chunks, self._chunks = self._chunks, []
+            in_order = len(self.steps) == 0 or chunks[0][0].min() >= self.steps[-1]
+            self.steps = np.concatenate([self.steps, *(c[0] for c in chunks)])
+            self.values = np.concatenate([self.values, *(c[1] for c in chunks)])
+            self.times = np.concatenate([self.times, *(c[2] for c in chunks)])
+            in_order = in_order and bool(np.all(np.diff(self.steps) >= 0))
+            if not in_order:  # a late writer (another rank): sort again, stably
+                order = np.lexsort((self.times, self.steps))
+                self.steps, self.values = self.steps[order], self.values[order]
+                self.times = self.times[order]
+            self._by_time = None
+        return self.steps, self.values, self.times
+
+    def by_time(self) -> tuple[FloatArray, FloatArray]:
+        """``(times, values)`` sorted by time (for charts with time as x)."""
+        _, values, times = self.columns()
+        if self._by_time is None:
+            self._by_time = np.argsort(times, kind="stable")
+        return times[self._by_time], values[self._by_time]
+
+    def __len__(self) -> int:
+        return len(self.steps) + sum(len(c[0]) for c in self._chunks)
+
+
+@dataclass
+class _RunPoints:
+    """The points read of one run, and how far: the segments read (fsspec) and the run's
+    summary point count at the last read."""
+
+    curves: dict[str, Curve] = field(default_factory=dict)
+    segments: set[str] = field(default_factory=set)
+    seen_count: int = -1
+
+
+@dataclass(frozen=True)
+class Changes:
+    """What :meth:`LiveStore.changes` returns: the version now, the runs the filter accepts
+    that changed after the client's cursor (all of them for cursor 0), the ids of every run
+    it accepts in order, and the params that differ between them."""
+
+    version: int
+    runs: list[RunSummary]
+    ids: list[str]
+    differ: list[str]
+    total: int
+
+
+class LiveStore:
+    """The dashboard's reader of one store (see the module's docstring)."""
+
+    def __init__(
+        self,
+        tracker: TrackerBase,
+        label: str,
+        *,
+        refresh_s: float | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        max_points: int = MAX_CACHED_POINTS,
+    ) -> None:
+        self.tracker = tracker
+        self.label = label
+        self._clock = clock
+        self._inner: Any = getattr(tracker, "async_tracker", tracker)
+        if refresh_s is None:
+            summaries = callable(getattr(self._inner, "run_summaries", None))
+            refresh_s = DEFAULT_REFRESH_S if summaries else SLOW_REFRESH_S
+        self.refresh_s = refresh_s
+        self._summary_cache = _summary_cache(self._inner)
+        self._index_lock = threading.Lock()
+        self._points_lock = threading.Lock()
+        # Guarded by _index_lock: the runs as last read, each with the version at which its
+        # summary last changed; the version grows by one per read that changed anything.
+        self._runs: dict[str, tuple[RunSummary, int]] = {}
+        self._version = 0
+        self._read_at: float | None = None
+        # Guarded by _points_lock: the points read of each run, least recently asked first.
+        self._points: collections.OrderedDict[str, _RunPoints] = collections.OrderedDict()
+        self.max_points = max_points
+        self.reads = 0  # run-list reads of the store, for tests and the benchmark
+
+    # -- the run list ---------------------------------------------------------------------------
+    def refresh(self, force: bool = False) -> int:
+        """Reads the run list if it was last read over ``refresh_s`` ago (or ``force``);
+        the version now. Store errors (``OSError``, ``BackendError``) propagate."""
+        with self._index_lock:
+            now = self._clock()
+            if not force and self._read_at is not None and now - self._read_at < self.refresh_s:
+                return self._version
+            runs = read_runs(self.tracker, self._summary_cache)
+            self.reads += 1
+            self._read_at = now
+            fresh = {r.run_id: r for r in runs}
+            changed = [r for r in runs if r.run_id not in self._runs
+                       or self._runs[r.run_id][0] != r]  # fmt: skip
+            gone = self._runs.keys() - fresh.keys()
+            if changed or gone:
+                self._version += 1
+                for r in changed:
+                    self._runs[r.run_id] = (r, self._version)
+                for run_id in gone:
+                    del self._runs[run_id]
+            version = self._version
+        if gone:
+            self.forget(gone)  # after the index lock: the two locks are never nested
+        return version
+
+    def changes(
+        self,
+        cursor: int = 0,
+        filter: str | None = None,
+        sort: str | None = None,
+        search: str = "",
+    ) -> Changes:
+        """The runs changed after ``cursor`` among those ``filter`` and ``search`` (text in
+        the id, a param value, a tag or the note, ignoring case) accept, in ``sort``'s
+        order. A bad filter raises :class:`~async_tracker.store.expr.FilterError`."""
+        self.refresh()
+        with self._index_lock:
+            version = self._version
+            entries = dict(self._runs)
+        summaries = [r for r, _ in entries.values()]
+        shown, _ = select(summaries, filter or None, sort or None, None)
+        if search:
+            needle = search.lower()
+            shown = [r for r in shown if needle in _search_text(r)]
+        return Changes(
+            version=version,
+            runs=[r for r in shown if entries[r.run_id][1] > cursor],
+            ids=[r.run_id for r in shown],
+            differ=differing_params(shown) if len(shown) > 1 else [],
+            total=len(summaries),
+        )
+
+    def summary(self, run_id: str) -> RunSummary:
+        """The run's summary as last read; :class:`UnknownRunError` if there is none."""
+        self.refresh()
+        with self._index_lock:
+            entry = self._runs.get(run_id)
+        if entry is None:
+            raise UnknownRunError(f"no run {run_id!r} in the {self.label}")
+        return entry[0]
+
+    # -- one run --------------------------------------------------------------------------------
+    def detail(self, run_id: str) -> dict[str, Any]:
+        """What the run page shows: the summary's fields, the full metadata (params, tags,
+        note), artifacts, lineage, and each live writer's heartbeat with its delivery
+        state (where the backend keeps heartbeats)."""
+        summary = self.summary(run_id)
+        metadata = dict(self.tracker.metadata(run_id))
+        params, tags, note = split_metadata(metadata)
+        artifacts = [
+            {"name": a.name, "path": a.path, "metadata": a.metadata}
+            for a in self.tracker.artifacts(run_id).values()
+        ]
+        lineage = self.tracker.lineage(run_id)
+        edges = [
+            {"run": e.source_run_id, "artifact": e.artifact_name, "known": e.source_run_id in
+             self._known()}
+            for e in lineage.parents
+        ]  # fmt: skip
+        children = [
+            {"run": e.source_run_id, "artifact": e.artifact_name,
+             "known": e.source_run_id in self._known()}
+            for e in lineage.descendants
+        ]  # fmt: skip
+        return {
+            "params": params,
+            "tags": sorted(tags),
+            "note": note,
+            "artifacts": artifacts,
+            "parents": edges,
+            "children": children,
+            "writers": self._heartbeats(run_id) if summary.status == "running" else [],
+        }
+
+    def _known(self) -> set[str]:
+        with self._index_lock:
+            return set(self._runs)
+
+    def _heartbeats(self, run_id: str) -> list[dict[str, Any]]:
+        read = getattr(self._inner, "heartbeats", None)
+        if not callable(read):
+            return []
+        beats: Mapping[str, Mapping[str, Any]] = _call(read, run_id)
+        return [{"writer": w, **b} for w, b in sorted(beats.items())]
+
+    # -- metric points --------------------------------------------------------------------------
+    def curves(self, run_id: str, names: Iterable[str] | None = None) -> dict[str, Curve]:
+        """The run's curves (those of ``names``, all without it), read up to what its
+        summary counts: only what is new since the last call."""
+        summary = self.summary(run_id)
+        count = sum(m.count for m in summary.metrics.values())
+        with self._points_lock:
+            points = self._points.get(run_id)
+            if points is None or count < points.seen_count:
+                # New, or fewer points than read: the run was deleted and written anew.
+                points = self._points[run_id] = _RunPoints()
+            self._points.move_to_end(run_id)
+            if points.seen_count != count:
+                self._read_points(run_id, points)
+                points.seen_count = count
+                self._evict()
+            wanted = points.curves if names is None else {
+                n: points.curves[n] for n in names if n in points.curves
+            }  # fmt: skip
+            for curve in wanted.values():
+                curve.columns()  # joined here, under the lock: one thread does it
+            return dict(wanted)
+
+    def _evict(self) -> None:
+        """Drops the runs least recently charted while the points kept exceed the bound
+        (the run just read stays, however big)."""
+        total = sum(len(c) for p in self._points.values() for c in p.curves.values())
+        while total > self.max_points and len(self._points) > 1:
+            _, dropped = self._points.popitem(last=False)
+            total -= sum(len(c) for c in dropped.curves.values())
+
+    def forget(self, run_ids: Iterable[str]) -> None:
+        """Drops the points kept of ``run_ids`` (runs gone from the store)."""
+        with self._points_lock:
+            for run_id in run_ids:
+                self._points.pop(run_id, None)
+
+    def _read_points(self, run_id: str, points: _RunPoints) -> None:
+        segments = getattr(self._inner, "metric_segments", None)
+        if callable(segments):
+            new: list[tuple[str, Mapping[str, Any]]] = _call(segments, run_id, points.segments)
+            for name, columns in new:
+                points.segments.add(name)
+                for metric, (steps, values, times) in columns.items():
+                    points.curves.setdefault(metric, Curve()).add(steps, values, times)
+            return
+        read = getattr(self.tracker, "metrics", None)
+        if not callable(read):
+            return  # a plain torchx TrackerBase: no metrics
+        points.curves = {}
+        for metric, curve in read(run_id).items():
+            c = Curve()
+            c.add([p.step for p in curve], [p.value for p in curve], [p.timestamp for p in curve])
+            points.curves[metric] = c
+
+
+def _call(fn: Callable[..., Any], *args: Any) -> Any:
+    """A backend's reader method, async (on the tracker loop) or not."""
+    if inspect.iscoroutinefunction(fn):
+        return runtime().loop.call(fn, *args)
+    return fn(*args)
+
+
+def _summary_cache(inner: object) -> object | None:
+    """The backend's summary-file cache, where it has one (the fsspec store)."""
+    if not callable(getattr(inner, "run_summaries", None)):
+        return None
+    from async_tracker.backend.fsspec import AsyncFsspecTracker, SummaryFileCache
+
+    return SummaryFileCache() if isinstance(inner, AsyncFsspecTracker) else None
+
+
+def _search_text(run: RunSummary) -> str:
+    parts = [run.run_id, run.note, *run.tags, *(f"{k}={v}" for k, v in run.params.items())]
+    return "\n".join(parts).lower()
+
+
+__all__ = [
+    "DEFAULT_REFRESH_S", "MAX_CACHED_POINTS", "SLOW_REFRESH_S", "Changes", "Curve", "LiveStore",
+    "UnknownRunError",
+]

@@ -1,0 +1,610 @@
+/* async-tracker dashboard: the runs table, overlaid curves, a run's page; follows the store.
+ *
+ * Plain script, no build step. The page polls GET /api/runs with the version it has (its
+ * cursor) every POLL_MS and gets back only the runs that changed; curves of a selected run
+ * are fetched again (downsampled by the server to the chart's width) when its summary says
+ * it has new points. Test hooks: rows are tr[data-run-id][data-status], each chart is
+ * div.chart[data-metric][data-runs][data-points], and window.__charts mirrors them.
+ */
+(function () {
+  "use strict";
+
+  const POLL_MS = 1000;
+  const MAX_PARAM_COLUMNS = 8;
+  const MAX_METRIC_COLUMNS = 6;
+  const PALETTE = ["#4f46e5", "#e11d48", "#059669", "#d97706", "#0891b2", "#7c3aed",
+    "#db2777", "#65a30d", "#2563eb", "#ea580c", "#0d9488", "#9333ea"];
+  const SYSTEM_PREFIX = "system/";
+  // Ticks of a step axis: whole steps only (1, 2, 5, 10, 20, 50 ...).
+  const STEP_INCRS = [];
+  for (let e = 1; e <= 1e12; e *= 10) STEP_INCRS.push(e, 2 * e, 5 * e);
+
+  const state = {
+    cursor: 0, generation: 0, runs: new Map(), ids: [], differ: [], total: 0,
+    filter: "", search: "", sort: "",
+    selected: [], colors: new Map(), nextColor: 0,
+    x: "step", smoothing: 0, log: false,
+    series: new Map(),   // run id -> {sig, x, metrics: {name: {x, y, count}}}
+    view: "runs", runId: null, runDetail: null, runSeries: null,
+    polling: false, lastOk: 0,
+  };
+  window.__charts = {};
+
+  const $ = (id) => document.getElementById(id);
+  const el = (tag, attrs, ...children) => {
+    const node = document.createElement(tag);
+    for (const [k, v] of Object.entries(attrs || {})) {
+      if (v === undefined || v === null || v === false) continue;
+      if (k === "class") node.className = v;
+      else if (k === "text") node.textContent = v;
+      else if (k.startsWith("on")) node.addEventListener(k.slice(2), v);
+      else node.setAttribute(k, v === true ? "" : String(v));
+    }
+    for (const c of children.flat()) {
+      if (c === null || c === undefined || c === false) continue;
+      node.append(c instanceof Node ? c : document.createTextNode(String(c)));
+    }
+    return node;
+  };
+
+  // -- formatting ---------------------------------------------------------------------------
+  function fmtNum(v) {
+    if (v === null || v === undefined) return "";
+    if (typeof v === "string") return v;  // nan, inf, -inf as the server wrote them
+    if (Number.isInteger(v) && Math.abs(v) < 1e15) return String(v);
+    const a = Math.abs(v);
+    if (a !== 0 && (a < 1e-3 || a >= 1e6)) return v.toExponential(3);
+    return String(Number(v.toPrecision(5)));
+  }
+  function fmtValue(v) {
+    if (typeof v === "number") return fmtNum(v);
+    if (v === null || v === undefined) return "";
+    if (typeof v === "object") return JSON.stringify(v);
+    return String(v);
+  }
+  function fmtDuration(s) {
+    if (s === null || s === undefined) return "";
+    s = Math.round(s);
+    const d = Math.floor(s / 86400), h = Math.floor(s % 86400 / 3600);
+    const m = Math.floor(s % 3600 / 60), sec = s % 60;
+    if (d) return `${d}d ${h}h`;
+    if (h) return `${h}h ${String(m).padStart(2, "0")}m`;
+    if (m) return `${m}m ${String(sec).padStart(2, "0")}s`;
+    return `${sec}s`;
+  }
+  function fmtTime(t) {
+    if (!t) return "";
+    const d = new Date(t * 1000);
+    const pad = (n) => String(n).padStart(2, "0");
+    return `${d.getFullYear()}-${pad(d.getMonth() + 1)}-${pad(d.getDate())} ` +
+      `${pad(d.getHours())}:${pad(d.getMinutes())}:${pad(d.getSeconds())}`;
+  }
+  function fmtAgo(t) {
+    if (!t) return "";
+    const s = Date.now() / 1000 - t;
+    if (s < 60) return "just now";
+    if (s < 3600) return `${Math.floor(s / 60)} min ago`;
+    if (s < 86400) return `${Math.floor(s / 3600)} h ago`;
+    return fmtTime(t).slice(0, 10);
+  }
+  // A running run's duration grows with the wall clock; its summary has it to the last write.
+  const duration = (r) => (r.status === "running" && r.start ? Math.max(0, Date.now() / 1000 - r.start) : r.duration);
+  const badge = (status) => el("span", { class: `badge ${status}`, text: status || "unknown" });
+
+  // -- the filter language's keys, quoted (see async_tracker/store/expr.py) ---------------
+  const quote = (name) => "`" + name.replace(/[\\`]/g, (c) => "\\" + c) + "`";
+  const paramKey = (name) => "params." + quote(name);
+  const metricKey = (name) => quote(name) + ".last";
+
+  // -- talking to the server ----------------------------------------------------------------
+  async function getJSON(url) {
+    const res = await fetch(url, { cache: "no-store" });
+    let body = null;
+    try { body = await res.json(); } catch (e) { body = null; }
+    if (!res.ok) {
+      const err = new Error((body && body.error) || `${res.status} ${res.statusText}`);
+      err.status = res.status;
+      throw err;
+    }
+    return body;
+  }
+
+  function setLive(ok, text) {
+    const live = $("live-state");
+    live.classList.toggle("ok", ok);
+    live.classList.toggle("err", !ok);
+    $("live-text").textContent = text;
+  }
+  function banner(message) {
+    const b = $("banner");
+    b.hidden = !message;
+    b.textContent = message || "";
+  }
+
+  async function poll() {
+    const generation = state.generation;
+    const q = new URLSearchParams({ cursor: state.cursor, filter: state.filter,
+      sort: state.sort, search: state.search });
+    try {
+      const data = await getJSON(`/api/runs?${q}`);
+      if (generation !== state.generation) return;  // the filter changed meanwhile
+      showFilterError(null);
+      banner(null);
+      $("store-label").textContent = data.store;
+      const changed = data.runs.map((r) => r.id);
+      for (const r of data.runs) state.runs.set(r.id, r);
+      const listChanged = changed.length || data.ids.join("\n") !== state.ids.join("\n");
+      state.ids = data.ids;
+      state.differ = data.differ;
+      state.total = data.total;
+      state.cursor = data.version;
+      state.lastOk = Date.now();
+      setLive(true, "live");
+      if (listChanged) renderTable();
+      if (state.view === "runs") await refreshSeries();
+      else if (state.view === "run" && changed.includes(state.runId)) await loadRun(state.runId, false);
+    } catch (err) {
+      if (generation !== state.generation) return;
+      if (err.status === 400) {
+        showFilterError(err.message);
+        setLive(true, "live");
+      } else {
+        setLive(false, err.status ? "store error" : "disconnected");
+        banner(err.status ? err.message : "The server does not answer: is async-tracker ui still running?");
+      }
+    }
+  }
+
+  async function pollForever() {
+    for (;;) {
+      await poll();
+      await new Promise((r) => setTimeout(r, POLL_MS));
+    }
+  }
+
+  function restartList() {
+    state.generation += 1;
+    state.cursor = 0;
+    state.runs.clear();
+    poll();
+  }
+
+  function showFilterError(message) {
+    const box = $("filter-error");
+    box.hidden = !message;
+    box.textContent = message || "";
+    $("filter").classList.toggle("invalid", !!message);
+  }
+
+  // -- the runs table -----------------------------------------------------------------------
+  function shownRuns() {
+    return state.ids.map((id) => state.runs.get(id)).filter(Boolean);
+  }
+
+  function metricColumns(runs) {
+    const names = new Set();
+    for (const r of runs) for (const n of Object.keys(r.metrics)) if (!n.startsWith(SYSTEM_PREFIX)) names.add(n);
+    return [...names].sort().slice(0, MAX_METRIC_COLUMNS);
+  }
+
+  function sortArrow(key) {
+    if (state.sort === key) return el("span", { class: "arrow", text: "▲" });
+    if (state.sort === "-" + key) return el("span", { class: "arrow", text: "▼" });
+    return null;
+  }
+
+  function header(label, key, cls, descFirst) {
+    const th = el("th", { class: cls || "", title: key ? `sort by ${key}` : null }, label, key ? sortArrow(key) : null);
+    if (key) {
+      th.addEventListener("click", () => {
+        if (state.sort === key) state.sort = "-" + key;
+        else if (state.sort === "-" + key) state.sort = key;
+        else state.sort = descFirst ? "-" + key : key;
+        restartList();
+      });
+    } else th.classList.add("nosort");
+    return th;
+  }
+
+  function renderTable() {
+    const runs = shownRuns();
+    const params = state.differ.slice(0, MAX_PARAM_COLUMNS);
+    const metrics = metricColumns(runs);
+    const head = $("runs-head");
+    head.replaceChildren(
+      header("", null, "sel"),
+      header("Run", "id"),
+      header("Status", "status"),
+      header("Started", "start", "", true),
+      header("Duration", "duration", "num", true),
+      ...params.map((p) => header(p, paramKey(p), "group-param")),
+      header("Tags", null),
+      ...metrics.map((m) => header(m, metricKey(m), "num group-metric")),
+    );
+    const body = $("runs-body");
+    body.replaceChildren(...runs.map((r) => {
+      const selected = state.selected.includes(r.id);
+      const box = el("input", { type: "checkbox", "aria-label": `select ${r.id}` });
+      box.checked = selected;
+      box.addEventListener("change", () => toggle(r.id, box.checked));
+      const color = state.colors.get(r.id);
+      return el("tr", { "data-run-id": r.id, "data-status": r.status, class: selected ? "selected" : "" },
+        el("td", { class: "sel" }, box),
+        el("td", {},
+          el("span", { class: "swatch", style: selected && color ? `background:${color};border-color:${color}` : null }),
+          el("a", { class: "run-link", href: `#/run/${encodeURIComponent(r.id)}`, text: r.id }),
+          r.note ? el("span", { class: "note", text: r.note }) : null),
+        el("td", {}, badge(r.status)),
+        el("td", { title: fmtTime(r.start) }, fmtAgo(r.start)),
+        el("td", { class: "num" }, fmtDuration(duration(r))),
+        ...params.map((p) => el("td", { class: "mono" }, fmtValue(r.params[p]))),
+        el("td", {}, ...r.tags.map((t) => el("span", { class: "tag", text: t }))),
+        ...metrics.map((m) => el("td", { class: "num", title: r.metrics[m] ? `step ${r.metrics[m].step}, ${r.metrics[m].count} points` : null },
+          r.metrics[m] ? fmtNum(r.metrics[m].last) : "")),
+      );
+    }));
+    const empty = $("runs-empty");
+    empty.hidden = runs.length > 0;
+    empty.textContent = state.total ? "No run matches the filter." : "No runs in this store yet.";
+    $("run-count").textContent = `${runs.length} of ${state.total} run${state.total === 1 ? "" : "s"}`;
+  }
+
+  function toggle(id, on) {
+    if (on && !state.selected.includes(id)) {
+      state.selected.push(id);
+      if (!state.colors.has(id)) state.colors.set(id, PALETTE[state.nextColor++ % PALETTE.length]);
+    } else if (!on) {
+      state.selected = state.selected.filter((r) => r !== id);
+    }
+    renderTable();
+    refreshSeries();
+  }
+
+  // -- curves -------------------------------------------------------------------------------
+  function signature(run) {
+    let n = 0;
+    for (const m of Object.values(run.metrics)) n += m.count;
+    return n;
+  }
+
+  function chartWidth(container) {
+    const w = container.clientWidth || 1200;
+    const columns = Math.max(1, Math.floor((w - 32) / 444));
+    return Math.max(200, Math.floor((w - 32) / columns) - 24);
+  }
+
+  async function fetchSeries(runIds, width, extra) {
+    const q = new URLSearchParams({ x: state.x, width: String(width) });
+    for (const id of runIds) q.append("run", id);
+    for (const [k, v] of Object.entries(extra || {})) {
+      if (Array.isArray(v)) v.forEach((item) => q.append(k, item)); else q.set(k, v);
+    }
+    return getJSON(`/api/series?${q}`);
+  }
+
+  async function refreshSeries() {
+    const width = chartWidth($("charts"));
+    const stale = state.selected.filter((id) => {
+      const run = state.runs.get(id);
+      const have = state.series.get(id);
+      return run && (!have || have.sig !== signature(run) || have.x !== state.x);
+    });
+    if (stale.length) {
+      const sigs = new Map(stale.map((id) => [id, signature(state.runs.get(id))]));
+      const first = stale.some((id) => !state.series.has(id));
+      if (first) $("charts-hint").textContent = "Reading curves…";  // a big run's first read takes a while
+      try {
+        const data = await fetchSeries(stale, width);
+        const byRun = new Map();
+        for (const s of data.series) {
+          if (!byRun.has(s.run)) byRun.set(s.run, {});
+          byRun.get(s.run)[s.metric] = s;
+        }
+        for (const id of stale) state.series.set(id, { sig: sigs.get(id), x: state.x, metrics: byRun.get(id) || {} });
+      } catch (err) {
+        banner(err.message);
+        return;
+      }
+    }
+    mainCharts.update(state.selected.filter((id) => state.runs.has(id)), (m) => !m.startsWith(SYSTEM_PREFIX));
+    $("charts-hint").textContent = state.selected.length
+      ? `${state.selected.length} run${state.selected.length > 1 ? "s" : ""} selected · drag to zoom, double-click to reset`
+      : "Select runs in the table to overlay their curves.";
+  }
+
+  function smooth(ys, weight) {
+    // An exponential moving average, debiased at the start (as TensorBoard's).
+    if (!weight) return ys;
+    const out = new Array(ys.length);
+    let last = 0, n = 0;
+    for (let i = 0; i < ys.length; i++) {
+      const y = ys[i];
+      if (y === null || !Number.isFinite(y)) { out[i] = y; continue; }
+      last = last * weight + (1 - weight) * y;
+      n += 1;
+      out[i] = last / (1 - Math.pow(weight, n));
+    }
+    return out;
+  }
+
+  function legendNames(runIds) {
+    // Runs named by the params that differ between them (W&B-like), else by id.
+    const runs = runIds.map((id) => state.runs.get(id)).filter(Boolean);
+    const keys = new Set();
+    for (const r of runs) Object.keys(r.params).forEach((k) => keys.add(k));
+    const differ = [...keys].filter((k) => new Set(runs.map((r) => JSON.stringify(r.params[k]))).size > 1).slice(0, 3);
+    const names = new Map();
+    for (const r of runs) {
+      const label = differ.filter((k) => k in r.params).map((k) => `${k}=${fmtValue(r.params[k])}`).join(" · ");
+      names.set(r.id, label || r.id);
+    }
+    const counts = {};
+    for (const n of names.values()) counts[n] = (counts[n] || 0) + 1;
+    for (const [id, n] of names) if (counts[n] > 1 && n !== id) names.set(id, `${n} (${id})`);
+    return names;
+  }
+
+  // One chart per metric; `source(runId)` gives {metric: {x, y, count}} for a run.
+  class ChartSet {
+    constructor(container, source, hook) {
+      this.container = container;
+      this.source = source;
+      this.hook = hook;  // window.__charts prefix
+      this.charts = new Map();  // metric -> {div, plot, key, zoom, zoomData}
+    }
+
+    update(runIds, keepMetric) {
+      const metrics = new Set();
+      for (const id of runIds) for (const m of Object.keys(this.source(id))) if (keepMetric(m)) metrics.add(m);
+      const names = [...metrics].sort();
+      for (const [m, c] of this.charts) {
+        if (!metrics.has(m)) { if (c.plot) c.plot.destroy(); c.div.remove(); this.charts.delete(m); delete window.__charts[this.hook + m]; }
+      }
+      const empty = this.container.querySelector(".charts-empty");
+      if (!names.length) {
+        if (!empty) this.container.append(el("div", { class: "charts-empty", text: runIds.length ? "No metrics logged yet." : "No runs selected." }));
+        return;
+      }
+      if (empty) empty.remove();
+      const legend = legendNames(runIds);
+      // All charts in the grid first (in name order), then drawn: each takes its cell's width.
+      for (const m of names) {
+        let c = this.charts.get(m);
+        if (!c) {
+          c = { div: el("div", { class: "chart", "data-metric": m }), plot: null, key: "", zoom: null, zoomData: null };
+          this.charts.set(m, c);
+        }
+        this.container.append(c.div);
+      }
+      for (const m of names) this.draw(m, this.charts.get(m), runIds, legend);
+    }
+
+    draw(metric, c, runIds, legend) {
+      const lines = runIds.map((id) => {
+        const s = c.zoomData ? c.zoomData.get(id) : this.source(id)[metric];
+        return s ? { id, s } : null;
+      }).filter(Boolean);
+      const key = JSON.stringify([state.x, state.smoothing, state.log, lines.map((l) => [l.id, l.s.count, l.s.x.length, legend.get(l.id), state.colors.get(l.id)])]);
+      if (key === c.key && c.plot) return;
+      c.key = key;
+      const points = lines.map((l) => l.s.x.length);
+      c.div.setAttribute("data-runs", lines.map((l) => l.id).join("\n"));
+      c.div.setAttribute("data-points", points.join(","));
+      window.__charts[this.hook + metric] = { runs: lines.map((l) => l.id), points, counts: lines.map((l) => l.s.count) };
+      const tables = [], series = [{ label: state.x === "step" ? "step" : "time" }];
+      const rawIndexes = [];
+      for (const l of lines) {
+        let ys = l.s.y.map((v) => (v === null ? null : (state.log && v <= 0 ? null : v)));
+        const color = state.colors.get(l.id) || PALETTE[0];
+        if (state.smoothing > 0) {
+          tables.push([l.s.x, ys]);
+          rawIndexes.push(series.length);
+          series.push({ label: legend.get(l.id) + " (raw)", stroke: color + "40", width: 1, spanGaps: true, points: { show: false } });
+          ys = smooth(ys, state.smoothing);
+        }
+        tables.push([l.s.x, ys]);
+        series.push({ label: legend.get(l.id), stroke: color, width: 1.6, spanGaps: true, points: { show: false },
+          value: (u, v) => (v === null || v === undefined ? "–" : fmtNum(v)) });
+      }
+      const data = tables.length ? uPlot.join(tables) : [[]];
+      const width = Math.max(200, (c.div.clientWidth || chartWidth(this.container)) - 22);
+      const shown = lines.reduce((a, l) => a + l.s.count, 0);
+      const title = el("h3", {}, metric, el("span", { class: "meta", text: `${fmtNum(shown)} points${c.zoom ? " · zoomed" : ""}` }));
+      const opts = {
+        width, height: 230, series, legend: { live: true },
+        scales: { x: { time: state.x === "time" }, y: { distr: state.log ? 3 : 1 } },
+        axes: [{ stroke: "#6b7385", grid: { stroke: "#eef0f3" }, ticks: { stroke: "#e4e7ec" },
+          incrs: state.x === "step" ? STEP_INCRS : undefined },
+          { stroke: "#6b7385", grid: { stroke: "#eef0f3" }, ticks: { stroke: "#e4e7ec" }, size: 56, values: (u, vals) => vals.map(fmtNum) }],
+        cursor: { drag: { x: true, y: false } },
+        hooks: {
+          setSelect: [(u) => {
+            if (u.select.width < 3) return;
+            const min = u.posToVal(u.select.left, "x"), max = u.posToVal(u.select.left + u.select.width, "x");
+            this.zoomTo(metric, c, runIds, [min, max]);
+          }],
+        },
+      };
+      if (c.plot) c.plot.destroy();
+      c.div.replaceChildren(title);
+      c.plot = new uPlot(opts, data, c.div);
+      const rows = c.div.querySelectorAll(".u-legend .u-series");
+      rawIndexes.forEach((i) => { if (rows[i]) rows[i].style.display = "none"; });
+      if (c.zoom) c.plot.setScale("x", { min: c.zoom[0], max: c.zoom[1] });
+      c.plot.over.addEventListener("dblclick", () => {
+        if (!c.zoom) return;
+        c.zoom = null; c.zoomData = null; c.key = "";
+        this.draw(metric, c, runIds, legend);
+      });
+    }
+
+    async zoomTo(metric, c, runIds, range) {
+      // The server downsamples the zoomed window again: detail appears as one zooms in.
+      c.zoom = range;
+      try {
+        const data = await fetchSeries(runIds, chartWidth(this.container), { metric: [metric], xmin: range[0], xmax: range[1] });
+        c.zoomData = new Map(data.series.map((s) => [s.run, s]));
+      } catch (err) { banner(err.message); return; }
+      c.key = "";
+      this.draw(metric, c, runIds, legendNames(runIds));
+    }
+
+    redrawAll(runIds, keepMetric) {
+      for (const c of this.charts.values()) { c.key = ""; c.zoom = null; c.zoomData = null; }
+      this.update(runIds, keepMetric);
+    }
+  }
+
+  const mainCharts = new ChartSet($("charts"), (id) => (state.series.get(id) || { metrics: {} }).metrics, "");
+
+  // -- the run page -------------------------------------------------------------------------
+  function card(title, sub, ...body) {
+    return el("section", { class: "card" }, el("div", { class: "card-title" }, title, sub ? el("span", { class: "sub", text: sub }) : null), ...body);
+  }
+  function kvTable(entries) {
+    if (!entries.length) return el("div", { class: "none", text: "None." });
+    return el("table", { class: "kv" }, el("tbody", {}, ...entries.map(([k, v]) => el("tr", {}, el("td", { class: "k", text: k }), el("td", { class: "v" }, v)))));
+  }
+  function gridTable(headers, rows) {
+    if (!rows.length) return el("div", { class: "none", text: "None." });
+    return el("table", { class: "kv grid" }, el("thead", {}, el("tr", {}, ...headers.map((h) => el("th", { text: h })))),
+      el("tbody", {}, ...rows.map((r) => el("tr", {}, ...r.map((cell) => el("td", { class: "v" }, cell))))));
+  }
+  const runLink = (id, known) => (known ? el("a", { href: `#/run/${encodeURIComponent(id)}`, text: id }) : el("span", { text: id }));
+
+  function deliveryCard(run, writers) {
+    if (run.status !== "running") {
+      return card("Delivery", "", el("div", { class: "none", text: `The run is ${run.status}: nothing is being delivered.` }));
+    }
+    if (!writers.length) return card("Delivery", "", el("div", { class: "none", text: "No live writer reports its delivery state (heartbeats off, or another backend)." }));
+    const dash = (v, unit) => (v === undefined || v === null ? "–" : `${fmtNum(v)}${unit || ""}`);
+    const blocks = writers.map((w) => {
+      const d = w.delivery || {};
+      const err = d.last_error ? el("span", { class: "delivery-bad", text: d.last_error }) : el("span", { class: "delivery-ok", text: "none" });
+      return [
+        writers.length > 1 ? el("div", { class: "writer", text: `writer ${w.writer}` }) : null,
+        kvTable([["heartbeat", `${fmtAgo(w.time)} (every ${fmtNum(w.interval_s)} s)`], ["lag", dash(d.lag_s, " s")],
+          ["pending in memory", dash(d.pending)], ["spooled to disk", dash(d.spooled)], ["delivered", dash(d.delivered)],
+          ["dropped", dash(d.dropped)], ["retries", dash(d.retries)], ["last error", err]]),
+      ];
+    });
+    return card("Delivery", `${writers.length} live writer${writers.length > 1 ? "s" : ""}`, ...blocks.flat());
+  }
+
+  async function loadRun(id, fresh) {
+    let detail;
+    try {
+      detail = await getJSON(`/api/runs/${encodeURIComponent(id)}`);
+    } catch (err) {
+      $("run-view").replaceChildren(el("a", { class: "back", href: "#", text: "← All runs" }),
+        el("section", { class: "card" }, el("div", { class: "none", text: err.message })));
+      return;
+    }
+    const run = detail.run;
+    state.runs.set(run.id, Object.assign(state.runs.get(run.id) || {}, run));
+    if (!state.colors.has(run.id)) state.colors.set(run.id, PALETTE[state.nextColor++ % PALETTE.length]);
+    let series = state.runSeries;
+    if (fresh || !series || series.id !== id || series.sig !== signature(run) || series.x !== state.x) {
+      const view = $("run-view");
+      const data = await fetchSeries([id], chartWidth(view.clientWidth ? view : $("charts")));
+      series = { id, sig: signature(run), x: state.x, metrics: {} };
+      for (const s of data.series) series.metrics[s.metric] = s;
+      state.runSeries = series;
+    }
+    renderRun(run, detail, fresh);
+  }
+
+  let runCharts = null, sysCharts = null;
+  function renderRun(run, detail, fresh) {
+    const view = $("run-view");
+    if (fresh || !runCharts) {
+      $("charts-toolbar").append($("chart-controls"));  // out of the page about to be replaced
+      const charts = el("div", { class: "charts", id: "run-charts" });
+      const system = el("div", { class: "charts", id: "system-charts" });
+      view.replaceChildren(
+        el("a", { class: "back", href: "#", text: "← All runs" }),
+        el("section", { class: "card", id: "run-head" }),
+        el("div", { class: "grid2", id: "run-cards" }),
+        el("div", { id: "metrics-card" }, card("Metrics", "drag to zoom, double-click to reset", charts)),
+        el("div", { id: "system-card" }, card("System", "CPU, memory, GPUs", system)),
+      );
+      $("metrics-card").querySelector(".card-title").append($("chart-controls"));
+      runCharts = new ChartSet(charts, (rid) => (state.runSeries && state.runSeries.id === rid ? state.runSeries.metrics : {}), "run:");
+      sysCharts = new ChartSet(system, (rid) => (state.runSeries && state.runSeries.id === rid ? state.runSeries.metrics : {}), "system:");
+    }
+    $("run-head").replaceChildren(el("div", { class: "run-head" },
+      el("h1", { text: run.id }), badge(run.status), ...run.tags.map((t) => el("span", { class: "tag", text: t })),
+      el("div", { class: "facts" },
+        el("span", {}, "Started ", el("b", { text: fmtTime(run.start) || "–" })),
+        el("span", {}, run.end ? "Ended " : "Last seen ", el("b", { text: fmtTime(run.end || Math.max(run.heartbeat || 0, ...detail.writers.map((w) => w.time))) || "–" })),
+        el("span", {}, "Duration ", el("b", { text: fmtDuration(duration(run)) || "–" })),
+        detail.note ? el("span", {}, "Note ", el("b", { text: detail.note })) : null)));
+    const metricRows = Object.entries(run.metrics).filter(([n]) => !n.startsWith(SYSTEM_PREFIX))
+      .map(([n, m]) => [n, fmtNum(m.last), fmtNum(m.min), fmtNum(m.max), fmtNum(m.step), fmtNum(m.count)]);
+    $("run-cards").replaceChildren(
+      card("Params", `${Object.keys(detail.params).length}`, kvTable(Object.entries(detail.params).map(([k, v]) => [k, fmtValue(v)]))),
+      card("Summary", "last, min and max of each metric", gridTable(["metric", "last", "min", "max", "step", "points"], metricRows)),
+      deliveryCard(run, detail.writers),
+      card("Artifacts", `${detail.artifacts.length}`, gridTable(["name", "path", "metadata"],
+        detail.artifacts.map((a) => [a.name, a.path, a.metadata ? JSON.stringify(a.metadata) : ""]))),
+      card("Lineage", "", gridTable(["direction", "run", "artifact"], [
+        ...detail.parents.map((e) => ["parent", runLink(e.run, e.known), e.artifact || ""]),
+        ...detail.children.map((e) => ["child", runLink(e.run, e.known), e.artifact || ""])])),
+    );
+    runCharts.update([run.id], (m) => !m.startsWith(SYSTEM_PREFIX));
+    sysCharts.update([run.id], (m) => m.startsWith(SYSTEM_PREFIX));
+    $("system-card").hidden = !Object.keys(run.metrics).some((m) => m.startsWith(SYSTEM_PREFIX));
+  }
+
+  // -- routing and controls -----------------------------------------------------------------
+  function route() {
+    const m = location.hash.match(/^#\/run\/(.+)$/);
+    if (m) {
+      state.view = "run";
+      state.runId = decodeURIComponent(m[1]);
+      $("runs-view").hidden = true;
+      $("run-view").hidden = false;
+      runCharts = null;
+      loadRun(state.runId, true);
+    } else {
+      state.view = "runs";
+      state.runId = null;
+      $("charts-toolbar").append($("chart-controls"));
+      $("run-view").hidden = true;
+      $("runs-view").hidden = false;
+      refreshSeries();
+    }
+  }
+
+  function debounce(fn, ms) {
+    let t = null;
+    return (...args) => { clearTimeout(t); t = setTimeout(() => fn(...args), ms); };
+  }
+
+  function redrawCharts() {
+    if (state.view === "runs") mainCharts.redrawAll(state.selected, (m) => !m.startsWith(SYSTEM_PREFIX));
+    else if (runCharts && state.runId) {
+      runCharts.redrawAll([state.runId], (m) => !m.startsWith(SYSTEM_PREFIX));
+      sysCharts.redrawAll([state.runId], (m) => m.startsWith(SYSTEM_PREFIX));
+    }
+  }
+
+  $("filter").addEventListener("input", debounce(() => { state.filter = $("filter").value.trim(); restartList(); }, 250));
+  $("search").addEventListener("input", debounce(() => { state.search = $("search").value.trim(); restartList(); }, 250));
+  document.querySelectorAll(".seg button").forEach((b) => b.addEventListener("click", () => {
+    state.x = b.dataset.x;
+    document.querySelectorAll(".seg button").forEach((o) => o.classList.toggle("on", o === b));
+    if (state.view === "runs") refreshSeries(); else if (state.runId) loadRun(state.runId, false);
+  }));
+  $("smoothing").addEventListener("input", () => {
+    state.smoothing = Number($("smoothing").value);
+    $("smoothing-value").textContent = state.smoothing.toFixed(2);
+    redrawCharts();
+  });
+  $("logscale").addEventListener("change", () => { state.log = $("logscale").checked; redrawCharts(); });
+  window.addEventListener("hashchange", route);
+  window.addEventListener("resize", debounce(redrawCharts, 200));
+
+  route();
+  pollForever();
+})();

@@ -1,0 +1,218 @@
+"""The dashboard (``async-tracker ui``): a huge metric drawn, and the cost of following live runs.
+
+    python -m benchmarks.bench_ui [--points 10000000] [--runs 100] [--rounds 20] [--no-browser]
+
+* ``big metric``: one run of a local store holding one metric of ``--points`` points (written
+  as 1M-point segments by the fsspec backend's own ``add_metrics``). Reports the first read
+  (the server parses every segment into numpy columns; baseline: ``Store.metrics()``, the
+  read API's full read of the same run), then what every later chart request costs once the
+  points are cached: ``GET /api/series`` for a 1200-pixel chart (downsampled to at most 2402
+  points, JSON included), median of ``--rounds``; and, with Chromium and chromedriver on
+  PATH, the page's time from selecting the run to its chart drawn (the server warm).
+* ``live refresh``: ``--runs`` runs that have not ended, 10 of which log a point (a new
+  segment and summary each) between refreshes; one refresh is what a polling page makes the
+  server do: ``GET /api/runs?cursor=N`` (the run list read again) and ``GET /api/series``
+  for two selected runs. Reports the server's CPU time per refresh (process CPU time, all
+  threads, median of ``--rounds``), against the baseline of a reader that keeps nothing:
+  the whole list read again without the summary cache, and both runs' points read whole
+  (``Store.metrics``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from starlette.testclient import TestClient
+
+from async_tracker import Store
+from async_tracker.adapters import as_sync
+from async_tracker.init_run import open_store
+from async_tracker.records import TrackerMetric
+from async_tracker.store.runs import read_runs
+from async_tracker.ui.app import create_app
+from async_tracker.ui.live import LiveStore
+
+SEGMENT = 1_000_000
+LIVE_WRITERS = 10
+
+
+def write_points(root: Path, run_id: str, n: int, start: int = 0) -> None:
+    tracker = as_sync(open_store(root))
+    t0 = time.time()
+    for first in range(start, start + n, SEGMENT):
+        last = min(start + n, first + SEGMENT)
+        tracker.add_metrics(  # type: ignore[attr-defined]
+            run_id,
+            [TrackerMetric("loss", 1.0 / (s + 1) + (s % 97) * 1e-4, s, t0 + s * 1e-3)
+             for s in range(first, last)],
+        )  # fmt: skip
+
+
+def median_of(rounds: int, fn: Callable[[], object]) -> float:
+    times = []
+    for _ in range(rounds):
+        t = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t)
+    return statistics.median(times)
+
+
+def bench_big(root: Path, points: int, rounds: int, browser: bool) -> None:
+    print(f"\n== big metric: {points:,} points ==")
+    t = time.perf_counter()
+    write_points(root, "big/1", points)
+    print(f"written in {time.perf_counter() - t:.1f} s")
+    t = time.perf_counter()
+    frame = Store(root).metrics("big/1")
+    full_read = time.perf_counter() - t
+    assert len(frame) == points
+    del frame
+    live = LiveStore(as_sync(open_store(root)), f"store {root}", refresh_s=0.0)
+    client = TestClient(create_app(live))
+    query = {"run": "big/1", "metric": "loss", "width": "1200"}
+    t = time.perf_counter()
+    first = client.get("/api/series", params=query).json()["series"][0]
+    first_read = time.perf_counter() - t
+    assert first["count"] == points and len(first["x"]) <= 2402
+    cached = median_of(rounds, lambda: client.get("/api/series", params=query).json())
+    print(f"Store.metrics() (the read API, full read)   {full_read:8.2f} s   (baseline)")
+    print(f"first chart request (parse to numpy)        {first_read:8.2f} s   "
+          f"({first_read / full_read:.2f}x the baseline)")  # fmt: skip
+    print(f"later chart request (cached, downsampled)   {cached * 1e3:8.1f} ms  "
+          f"({full_read / cached:.0f}x faster than the baseline; {len(first['x'])} points sent)")
+    if browser:
+        draw = browser_draw(root)
+        if draw is not None:
+            print(f"page: select the run -> chart drawn          {draw * 1e3:8.1f} ms  "
+                  "(server warm)")
+
+
+def browser_draw(root: Path) -> float | None:
+    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
+    driver_path = shutil.which("chromedriver")
+    try:
+        from selenium import webdriver
+        from selenium.webdriver.chrome.service import Service
+        from selenium.webdriver.support.ui import WebDriverWait
+    except ImportError:
+        print("page: skipped (selenium is not installed)")
+        return None
+    if not chromium or not driver_path:
+        print("page: skipped (no chromium or chromedriver on PATH)")
+        return None
+    server = subprocess.Popen(
+        [sys.executable, "-m", "async_tracker", "ui", "--store", str(root), "--port", "0"],
+        stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    options = webdriver.ChromeOptions()
+    options.binary_location = chromium
+    for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage",
+                "--window-size=1400,900"):  # fmt: skip
+        options.add_argument(arg)
+    driver = webdriver.Chrome(options=options, service=Service(driver_path))
+    try:
+        assert server.stdout is not None
+        url = server.stdout.readline().strip()
+        # Warm the server: the first read (parsing) is measured above.
+        import urllib.request
+
+        with urllib.request.urlopen(f"{url}api/series?run=big%2F1&width=1200", timeout=600):
+            pass
+        times = []
+        for _ in range(3):
+            driver.get(url)
+            WebDriverWait(driver, 120).until(
+                lambda d: d.execute_script("return !!document.querySelector('tr[data-run-id]')")
+            )
+            elapsed: Any = driver.execute_async_script(
+                """
+                const done = arguments[arguments.length - 1];
+                const t0 = performance.now();
+                document.querySelector('tr[data-run-id="big/1"] input').click();
+                (function wait() {
+                  const c = window.__charts.loss;
+                  if (c && document.querySelector('div.chart[data-metric="loss"] canvas'))
+                    done(performance.now() - t0);
+                  else requestAnimationFrame(wait);
+                })();
+                """
+            )
+            times.append(float(elapsed) / 1e3)
+        return statistics.median(times)
+    finally:
+        driver.quit()
+        server.terminate()
+        server.wait()
+
+
+def bench_live(root: Path, runs: int, rounds: int) -> None:
+    print(f"\n== live refresh: {runs} runs not ended, {LIVE_WRITERS} logging ==")
+    ids = [f"live/{i}" for i in range(runs)]
+    for run_id in ids:
+        write_points(root, run_id, 100)
+    steps = dict.fromkeys(ids, 100)
+    # The server reads the list at most once per refresh_s: a clock of our own, moved on
+    # once per refresh, makes each refresh read it exactly once (as a page polling does).
+    now = [0.0]
+    live = LiveStore(as_sync(open_store(root)), f"store {root}", clock=lambda: now[0])
+    client = TestClient(create_app(live))
+    cursor = client.get("/api/runs").json()["version"]
+    selected = {"run": ids[:2], "width": "1200"}
+    client.get("/api/series", params=selected)
+    cached: list[float] = []
+    uncached: list[float] = []
+    listed: list[float] = []
+    plain = as_sync(open_store(root))
+    store = Store(root)
+    for r in range(rounds):
+        for run_id in ids[r % 2 :: max(1, runs // LIVE_WRITERS)][:LIVE_WRITERS]:
+            write_points(root, run_id, 1, steps[run_id])
+            steps[run_id] += 1
+        now[0] += live.refresh_s
+        reads = live.reads
+        t = time.process_time()
+        data = client.get("/api/runs", params={"cursor": cursor}).json()
+        client.get("/api/series", params=selected)
+        cached.append(time.process_time() - t)
+        assert data["runs"] and live.reads == reads + 1, "one read of the list per refresh"
+        cursor = data["version"]
+        t = time.process_time()
+        read_runs(plain)
+        listed.append(time.process_time() - t)
+        store.metrics(ids[:2])
+        uncached.append(time.process_time() - t)
+    c, u, lst = statistics.median(cached), statistics.median(uncached), statistics.median(listed)
+    print(f"re-read: list without cache + 2 runs' points {u * 1e3:7.1f} ms CPU  (baseline)")
+    print(f"  of which the list alone                    {lst * 1e3:7.1f} ms CPU")
+    print(f"one refresh (runs since cursor + 2 series)   {c * 1e3:7.1f} ms CPU  "
+          f"({c / u:.2f}x the baseline)")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--points", type=int, default=10_000_000)
+    parser.add_argument("--runs", type=int, default=100)
+    parser.add_argument("--rounds", type=int, default=20)
+    parser.add_argument("--no-browser", action="store_true")
+    args = parser.parse_args()
+    load = os.getloadavg()[0]
+    print(f"{platform.python_implementation()} {platform.python_version()}, "
+          f"{os.cpu_count()} CPUs, load {load:.2f}, {platform.platform()}")  # fmt: skip
+    with tempfile.TemporaryDirectory() as tmp:
+        bench_live(Path(tmp) / "live", args.runs, args.rounds)
+        bench_big(Path(tmp) / "big", args.points, max(3, args.rounds // 4), not args.no_browser)
+
+
+if __name__ == "__main__":
+    main()
