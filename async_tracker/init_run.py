@@ -102,7 +102,7 @@ def init(
     resume: Resume = "allow",
     timeout: float | None = None,
     backends: Sequence[AnyTracker | str] = (),
-    tags: Sequence[str] = (),
+    tags: Sequence[str] | None = (),
     note: str | None = None,
     quiet: bool | None = None,
     **options: Any,
@@ -146,7 +146,8 @@ def init(
             can only be known from the store.
         backends: more backends beside the store: objects, or factory names (``"tensorboard"``,
             ``"mlflow"``, ``module:attr``) built with no config.
-        tags: tags the run gets (``AppRun.add_tags``); a resumed run keeps the tags it had.
+        tags: tags the run gets (``AppRun.add_tags``; None: none); a resumed run keeps the tags
+            it had.
         note: the run's note (``AppRun.set_note``), when given.
         quiet: True: print nothing. By default the start prints one line on stderr: the run
             id, its store, and the commands that show it (``$ASYNC_TRACKER_SILENT=1``: none).
@@ -165,6 +166,7 @@ def init(
     # Checked before the store is asked: a bad tag must not leave a claimed, empty run.
     if isinstance(tags, str):
         raise TypeError(f"tags must be a sequence of str, got the str {tags!r}")
+    tags = tags or ()
     tag_metadata(add=tags)
     if note is not None:
         check_note(note)

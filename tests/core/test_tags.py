@@ -147,6 +147,10 @@ def test_init_takes_tags_and_a_note(tmp_path: Path) -> None:
     with async_tracker.init("p", dir=store, id=run.id, tags=["resumed"]):
         pass
     assert reader.tags() == {"baseline", "v1", "resumed"} and reader.note() == "why"
+    # None, as W&B takes it: no tags added.
+    with async_tracker.init("p", dir=store, id=run.id, tags=None):
+        pass
+    assert reader.tags() == {"baseline", "v1", "resumed"}
 
 
 def test_init_refuses_a_bad_tag_before_it_claims_a_run(tmp_path: Path) -> None:
