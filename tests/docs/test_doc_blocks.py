@@ -33,7 +33,8 @@ block runs, ``<!-- doc-test: WORD ... -->``:
   tests/...`` that need the project's configuration). Such a block must write nothing there.
 - ``timeout=SECONDS``: instead of the default 120.
 
-A block that would install packages (``pip install``, ``python -m venv``) must carry ``skip``:
+A block that would install packages (``pip install``, ``python -m venv``, ``--install``) must
+carry ``skip``:
 the test never changes the environment it runs in.
 """
 
@@ -62,11 +63,45 @@ LINKED = ("examples", "benchmarks")
 
 FENCE = re.compile(r"^(?P<indent> {0,3})(?P<fence>`{3,}|~{3,})\s*(?P<info>[^`]*)$")
 DIRECTIVE = re.compile(r"^\s*<!--\s*doc-test:\s*(?P<words>.*?)\s*-->\s*$")
-INSTALLS = re.compile(r"\bpip3?\s+install\b|\bpython3?\s+-m\s+(venv|pip\s+install)\b")
+# Commands that install packages (pip, a new venv, a benchmark's --install of its peers).
+INSTALLS = re.compile(r"\bpip3?\s+install\b|\bpython3?\s+-m\s+venv\b|\s--install\b")
 
 # Every test is the reader's whole tour of a file: mlflow, tensorboard and matplotlib among
 # others ([all]); CI runs it with the whole suite, never in the '.[test]' venvs.
 pytestmark = pytest.mark.server
+
+
+@dataclasses.dataclass(frozen=True)
+class Directive:
+    """What a ``<!-- doc-test: ... -->`` comment says about the block after it."""
+
+    skip: str | None = None  # the reason, when skipped
+    file: str | None = None  # written there instead of run
+    in_repo: bool = False
+    timeout_s: float = DEFAULT_TIMEOUT_S
+
+    @classmethod
+    def parse(cls, words: str, where: str) -> Directive:
+        """A word it does not know fails collection: a misspelt ``skip`` would otherwise run
+        the block."""
+        skip = re.fullmatch(r"skip\s*\((?P<why>.+)\)", words)
+        if skip:
+            return cls(skip=skip["why"].strip())
+        directive = cls()
+        for word in shlex.split(words):
+            key, _, value = word.partition("=")
+            if key == "file" and value:
+                directive = dataclasses.replace(directive, file=value)
+            elif key == "cwd" and value == "repo":
+                directive = dataclasses.replace(directive, in_repo=True)
+            elif key == "timeout" and value:
+                directive = dataclasses.replace(directive, timeout_s=float(value))
+            else:
+                raise ValueError(
+                    f"{where}: doc-test directive {word!r} not understood (skip (why), "
+                    "file=NAME, cwd=repo, timeout=SECONDS)"
+                )
+        return directive
 
 
 @dataclasses.dataclass(frozen=True)
@@ -75,42 +110,31 @@ class Block:
     line: int  # of the opening fence, 1-based
     language: str  # "shell", "python", or "" for a fence that is not run
     text: str
-    skip: str | None = None  # the reason, when skipped
-    file: str | None = None  # written there instead of run
-    in_repo: bool = False
-    timeout_s: float = DEFAULT_TIMEOUT_S
+    directive: Directive
 
     @property
     def name(self) -> str:
         return f"{self.document.relative_to(REPO)}:{self.line}"
 
     @property
+    def skip(self) -> str | None:
+        return self.directive.skip
+
+    @property
+    def file(self) -> str | None:
+        return self.directive.file
+
+    @property
+    def in_repo(self) -> bool:
+        return self.directive.in_repo
+
+    @property
+    def timeout_s(self) -> float:
+        return self.directive.timeout_s
+
+    @property
     def runs(self) -> bool:
         return self.skip is None and (self.file is not None or bool(self.language))
-
-
-def _directive(words: str, where: str) -> dict[str, object]:
-    """The settings of one ``doc-test:`` comment; a word it does not know fails collection
-    (a misspelt ``skip`` would otherwise run the block)."""
-    settings: dict[str, object] = {}
-    skip = re.fullmatch(r"skip\s*\((?P<why>.+)\)", words)
-    if skip:
-        settings["skip"] = skip["why"].strip()
-        return settings
-    for word in shlex.split(words):
-        key, _, value = word.partition("=")
-        if key == "file" and value:
-            settings["file"] = value
-        elif key == "cwd" and value == "repo":
-            settings["in_repo"] = True
-        elif key == "timeout" and value:
-            settings["timeout_s"] = float(value)
-        else:
-            raise ValueError(
-                f"{where}: doc-test directive {word!r} not understood (skip (why), file=NAME, "
-                "cwd=repo, timeout=SECONDS)"
-            )
-    return settings
 
 
 def parse(document: Path) -> list[Block]:
@@ -135,17 +159,15 @@ def parse(document: Path) -> list[Block]:
             body.append(lines[index])
             index += 1
         index += 1
-        settings: dict[str, object] = {}
+        directive = Directive()
         before = start - 1
         while before >= 0 and not lines[before].strip():
             before -= 1
-        if before >= 0 and (directive := DIRECTIVE.match(lines[before])):
+        if before >= 0 and (comment := DIRECTIVE.match(lines[before])):
             where = f"{document.relative_to(REPO)}:{before + 1}"
-            settings = _directive(directive["words"], where)
+            directive = Directive.parse(comment["words"], where)
         language = RUN_LANGUAGES.get(info.split()[0].lower() if info else "", "")
-        blocks.append(
-            Block(document, start + 1, language, "\n".join(body) + "\n", **settings)  # type: ignore[arg-type]
-        )
+        blocks.append(Block(document, start + 1, language, "\n".join(body) + "\n", directive))
     return blocks
 
 
@@ -192,12 +214,10 @@ def _execute(block: Block, tour: Tour) -> tuple[int | None, str]:
         stdin = subprocess.DEVNULL
         data = None
     else:
-        command = ["python", "-"]
+        command = [str(Path(sys.executable).parent / "python"), "-"]
         stdin = subprocess.PIPE
         data = block.text
     env = _environment(tour.directory)
-    if block.language == "python":
-        command[0] = str(Path(sys.executable).parent / "python")
     # A session of its own: a timeout, or a server a block leaves in the background, is
     # ended with its whole process group.
     process = subprocess.Popen(
