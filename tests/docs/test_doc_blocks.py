@@ -66,9 +66,6 @@ DIRECTIVE = re.compile(r"^\s*<!--\s*doc-test:\s*(?P<words>.*?)\s*-->\s*$")
 # Commands that install packages (pip, a new venv, a benchmark's --install of its peers).
 INSTALLS = re.compile(r"\bpip3?\s+install\b|\bpython3?\s+-m\s+venv\b|\s--install\b")
 
-# Every test is the reader's whole tour of a file: mlflow, tensorboard and matplotlib among
-# others ([all]); CI runs it with the whole suite, never in the '.[test]' venvs.
-pytestmark = pytest.mark.server
 
 
 @dataclasses.dataclass(frozen=True)
@@ -114,7 +111,7 @@ class Block:
 
     @property
     def name(self) -> str:
-        return f"{self.document.relative_to(REPO)}:{self.line}"
+        return f"{_shown(self.document)}:{self.line}"
 
     @property
     def skip(self) -> str | None:
@@ -135,6 +132,10 @@ class Block:
     @property
     def runs(self) -> bool:
         return self.skip is None and (self.file is not None or bool(self.language))
+
+
+def _shown(document: Path) -> str:
+    return str(document.relative_to(REPO) if document.is_relative_to(REPO) else document)
 
 
 def parse(document: Path) -> list[Block]:
@@ -164,7 +165,7 @@ def parse(document: Path) -> list[Block]:
         while before >= 0 and not lines[before].strip():
             before -= 1
         if before >= 0 and (comment := DIRECTIVE.match(lines[before])):
-            where = f"{document.relative_to(REPO)}:{before + 1}"
+            where = f"{_shown(document)}:{before + 1}"
             directive = Directive.parse(comment["words"], where)
         language = RUN_LANGUAGES.get(info.split()[0].lower() if info else "", "")
         blocks.append(Block(document, start + 1, language, "\n".join(body) + "\n", directive))
@@ -307,6 +308,10 @@ def tours_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("doc-blocks")
 
 
+# The blocks are a reader's tours: mlflow, tensorboard, matplotlib, pandas, lightning and
+# transformers among others ([all]); CI runs them with the whole suite, never in the '.[test]'
+# venvs. The runner's own tests below need nothing more than [test].
+@pytest.mark.server
 @pytest.mark.parametrize(("block", "position"), _params())
 def test_block(block: Block, position: int, tours_root: Path) -> None:
     if block.file is None and INSTALLS.search(block.text):
@@ -337,3 +342,82 @@ def test_block(block: Block, position: int, tours_root: Path) -> None:
             failure += f"\n(earlier blocks of this file failed: {', '.join(tour.failed)})"
         tour.failed.append(block.name)
         pytest.fail(failure, pytrace=False)
+
+
+SAMPLE = """\
+# A page
+
+<!-- doc-test: file=job.py -->
+```python
+print("from the file")
+```
+
+```text
+not run
+```
+
+<!-- doc-test: skip (serves until Ctrl-C) -->
+
+```bash
+tensorboard --logdir tb
+```
+
+~~~sh
+python job.py > out.txt
+~~~
+
+<!-- doc-test: cwd=repo timeout=7 -->
+```shell
+test -f pyproject.toml
+```
+"""
+
+
+def test_the_runner_reads_directives_and_fences(tmp_path: Path) -> None:
+    page = tmp_path / "page.md"
+    page.write_text(SAMPLE, encoding="utf-8")
+    blocks = parse(page)
+    assert [(b.line, b.language, b.runs) for b in blocks] == [
+        (4, "python", True),
+        (8, "", False),
+        (14, "shell", False),
+        (18, "shell", True),
+        (23, "shell", True),
+    ]
+    assert blocks[0].file == "job.py"
+    assert blocks[2].skip == "serves until Ctrl-C"
+    assert (blocks[4].in_repo, blocks[4].timeout_s) == (True, 7.0)
+    assert blocks[3].timeout_s == DEFAULT_TIMEOUT_S and not blocks[3].in_repo
+    # A file= block is written, not run; the next block runs it, in the same directory.
+    tour = Tour(tmp_path / "tour")
+    tour.directory.mkdir()
+    for block in (blocks[0], blocks[3], blocks[4]):
+        status, output = _execute(block, tour)
+        assert _verdict(block, status, output) is None, output
+    assert (tour.directory / "out.txt").read_text() == "from the file\n"
+
+
+def test_the_runner_refuses_what_it_does_not_understand(tmp_path: Path) -> None:
+    page = tmp_path / "page.md"
+    page.write_text("<!-- doc-test: skipp -->\n```bash\ntrue\n```\n", encoding="utf-8")
+    with pytest.raises(ValueError, match="'skipp' not understood"):
+        parse(page)
+
+
+def test_a_failing_block_says_why(tmp_path: Path) -> None:
+    page = tmp_path / "page.md"
+    page.write_text(
+        # Exits 0, but a library printed a traceback it swallowed: a failure all the same.
+        "```python\nimport traceback\ntry:\n    1 / 0\nexcept ZeroDivisionError:\n"
+        "    traceback.print_exc()\n```\n"
+        "<!-- doc-test: timeout=0.5 -->\n```bash\nsleep 30 &\nwait\n```\n"
+        "```bash\necho ok; exit 3\n```\n",
+        encoding="utf-8",
+    )
+    tour = Tour(tmp_path / "tour")
+    tour.directory.mkdir()
+    verdicts = [_verdict(b, *_execute(b, tour)) for b in parse(page)]
+    assert "its output holds a Traceback" in str(verdicts[0])
+    assert "ZeroDivisionError" in str(verdicts[0])
+    assert "still running after 0.5 s" in str(verdicts[1])
+    assert "exit status 3" in str(verdicts[2]) and "ok" in str(verdicts[2])
