@@ -53,7 +53,7 @@ def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="async-tracker",
         description="Query what runs recorded, plot their metrics, launch tracked jobs.",
-        epilog="See README.md, section 'The command line'.",
+        epilog="Every command and its options: docs/cli.md.",
     )
     p.add_argument(
         "--tracker", metavar="NAME", help="tracker name or module:factory (default: configured)"
