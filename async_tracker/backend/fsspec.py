@@ -1839,37 +1839,19 @@ def _parse_segment(data: bytes) -> tuple[dict[str, list[TrackerMetric]], str]:
     """The points of a metrics segment by name, and what was wrong with the lines skipped
     (``""`` if none): a truncated line, columns of unequal length, a step that is not an
     integer (NaN, infinities), a value or time that is not a number."""
-    out: dict[str, list[TrackerMetric]] = {}
-    bad: list[str] = []
-    for lineno, line in enumerate(data.split(b"\n"), 1):
-        if not line.strip():
-            continue
-        try:
-            col = json.loads(line)
-            name, steps, values, times = col["name"], col["step"], col["value"], col["time"]
-            if not isinstance(name, str):
-                raise TypeError("the metric name is not a string")
-            if not (type(steps) is type(values) is type(times) is list):
-                raise TypeError("the columns are not lists")
-            if not len(steps) == len(values) == len(times):
-                raise ValueError("the columns differ in length")
-            # Type checks by C loops (map, set): a segment holds up to a million points.
-            if not set(map(type, steps)) <= {int}:
-                raise TypeError("a step is not an integer")
-            if not set(map(type, values)) <= _NUMBERS or not set(map(type, times)) <= _NUMBERS:
-                raise TypeError("a value or time is not a number")
-            points = list(
-                map(
-                    tuple.__new__,
-                    _METRIC,
-                    zip(itertools.repeat(name), map(float, values), steps, map(float, times)),
-                )
+    columns, bad = _parse_segment_columns(data)
+    # One C loop per metric: a segment holds up to a million points.
+    points = {
+        name: list(
+            map(
+                tuple.__new__,
+                _METRIC,
+                zip(itertools.repeat(name), map(float, values), steps, map(float, times)),
             )
-        except _UNPARSEABLE as exc:
-            bad.append(f"line {lineno}: {type(exc).__name__}: {exc}")
-            continue
-        out.setdefault(name, []).extend(points)
-    return out, "; ".join(bad[:2]) + (f"; {len(bad) - 2} more lines" if len(bad) > 2 else "")
+        )
+        for name, (steps, values, times) in columns.items()
+    }
+    return points, bad
 
 
 # One metric of one segment as columns: steps, values, times.
@@ -1897,6 +1879,7 @@ def _parse_segment_columns(data: bytes) -> tuple[dict[str, SegmentColumns], str]
                 raise TypeError("the columns are not lists")
             if not len(steps) == len(values) == len(times):
                 raise ValueError("the columns differ in length")
+            # Type checks by C loops (map, set): a segment holds up to a million points.
             if not set(map(type, steps)) <= {int}:
                 raise TypeError("a step is not an integer")
             if not set(map(type, values)) <= _NUMBERS or not set(map(type, times)) <= _NUMBERS:
