@@ -1846,7 +1846,7 @@ def _parse_segment(data: bytes) -> tuple[dict[str, list[TrackerMetric]], str]:
             map(
                 tuple.__new__,
                 _METRIC,
-                zip(itertools.repeat(name), map(float, values), steps, map(float, times)),
+                zip(itertools.repeat(name), values, steps, times),
             )
         )
         for name, (steps, values, times) in columns.items()
@@ -1884,6 +1884,8 @@ def _parse_segment_columns(data: bytes) -> tuple[dict[str, SegmentColumns], str]
                 raise TypeError("a step is not an integer")
             if not set(map(type, values)) <= _NUMBERS or not set(map(type, times)) <= _NUMBERS:
                 raise TypeError("a value or time is not a number")
+            # Floats (an int too large for one is OverflowError: the line is skipped).
+            values, times = list(map(float, values)), list(map(float, times))
         except (*_UNPARSEABLE, orjson.JSONDecodeError) as exc:
             bad.append(f"line {lineno}: {type(exc).__name__}: {exc}")
             continue
