@@ -62,7 +62,8 @@ def text(browser: Any, css: str) -> str:
 
 
 def charts(browser: Any) -> dict[str, Any]:
-    return dict(browser.execute_script("return window.__charts"))
+    """What the page's charts draw; {} while the page is still loading its script."""
+    return dict(browser.execute_script("return window.__charts || {}"))
 
 
 def select(browser: Any, run_id: str) -> None:
