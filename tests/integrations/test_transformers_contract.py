@@ -305,6 +305,9 @@ trainer.train()
 """
 
 
+# Past pytest's 120 s: the child's own bounded waits (120 s each, a child importing torch
+# and transformers on a loaded machine) fail first, with the child's threads and stderr.
+@pytest.mark.timeout(400)
 def test_a_model_that_raises_in_a_step_ends_the_run_failed(tmp_path: Path, store: Store) -> None:
     job = Child(DOES_NOT_END, str(store.root), "model")
     try:
@@ -316,6 +319,9 @@ def test_a_model_that_raises_in_a_step_ends_the_run_failed(tmp_path: Path, store
     assert store.steps(run_id, "loss") == [1, 2]
 
 
+# Past pytest's 120 s: the child's own bounded waits (120 s each, a child importing torch
+# and transformers on a loaded machine) fail first, with the child's threads and stderr.
+@pytest.mark.timeout(400)
 def test_a_ctrl_c_during_training_ends_the_run_killed(tmp_path: Path, store: Store) -> None:
     job = Child(DOES_NOT_END, str(store.root), "interrupt")
     try:
