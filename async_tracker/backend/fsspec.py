@@ -1506,7 +1506,7 @@ def _root_entry(
     name: str, is_dir: bool, runs: list[tuple[str, str]], summaries: list[str]
 ) -> str:
     """Sorts one entry of the root into ``runs`` (``(name, run id)``) or ``summaries``;
-    why it is neither ("" if it is one)."""
+    why it is neither ("" if it is one, or one of the store's own files: see _beside_runs)."""
     if _SUMMARY_FILE.fullmatch(name) and not is_dir:
         summaries.append(name)
         return ""

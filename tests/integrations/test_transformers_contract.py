@@ -277,7 +277,10 @@ def test_a_resumed_training_with_a_run_of_its_own_keeps_it(tmp_path: Path, store
 # argv[2]: "model" (the model's forward raises at the third step), "interrupt" (says "ready" at
 # the second step's end and waits for the test's SIGINT, a Ctrl-C).
 DOES_NOT_END = """
-import sys
+import signal, sys
+# Ctrl-C as in a terminal, whatever this process inherited: a job started in the background
+# by a shell without job control has SIGINT ignored, and Python then keeps it ignored.
+signal.signal(signal.SIGINT, signal.default_int_handler)
 from pathlib import Path
 from transformers import TrainerCallback
 from async_tracker.integrations.transformers import AsyncTrackerCallback
