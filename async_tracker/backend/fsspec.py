@@ -144,6 +144,8 @@ _NAME = operator.itemgetter(0)
 _METRIC = itertools.repeat(TrackerMetric)
 
 T = TypeVar("T")
+# What a metric_segments caller's parser makes of one segment.
+_Parsed = TypeVar("_Parsed")
 
 METADATA_DIR = "metadata"
 ARTIFACTS_DIR = "artifacts"
@@ -1269,14 +1271,19 @@ class AsyncFsspecTracker(AsyncTrackerBase):
         return {name: sort_points(p) for name, p in points.items()}
 
     async def metric_segments(
-        self, run_id: str, known: Collection[str] = ()
-    ) -> list[tuple[str, dict[str, SegmentColumns]]]:
+        self,
+        run_id: str,
+        known: Collection[str],
+        parse: Callable[[bytes], tuple[_Parsed, str]],
+    ) -> list[tuple[str, _Parsed]]:
         """The run's metric segments not in ``known`` (names returned by earlier calls), in
-        write order: ``(name, {metric: (steps, values, times)})``. Segments are immutable
-        once written, so a reader that keeps what it read asks only for the new ones: one
-        listing, and reads of the new files alone (how the dashboard follows a live run).
-        Points come in each segment's order, not sorted; lines it cannot parse are skipped
-        with a warning, as by :meth:`metrics`."""
+        write order: ``(name, parse(content)[0])``. Segments are immutable once written, so
+        a reader that keeps what it read asks only for the new ones: one listing, and reads
+        of the new files alone (how the dashboard follows a live run).
+
+        ``parse`` turns a segment's bytes into columns and describes the lines it skipped
+        (``""`` if none), which are warned about as by :meth:`metrics`:
+        :func:`parse_segment_columns` gives lists, in each segment's order (not sorted)."""
         skipped = _Skipped()
         directory = self._path(run_id, METRICS_DIR)
         try:
@@ -1286,16 +1293,25 @@ class AsyncFsspecTracker(AsyncTrackerBase):
             skipped.warn()
             return []
         names = [n for n, kind in listing if kind == "file" and n not in known]
-        contents = await _gather_bounded(
-            [self._storage.get(posixpath.join(directory, n)) for n in names]
-        )
-        out: list[tuple[str, dict[str, SegmentColumns]]] = []
-        for name, data in zip(names, contents):
+
+        # Each segment is parsed as soon as it is read (in a worker thread), so that reading
+        # the next ones overlaps the parsing: a huge metric's first read is mostly parsing.
+        # One parse at a time: parsing holds the GIL, and threads taking turns at it only
+        # lose time (and hold more segments in memory at once).
+        parsing = anyio.Lock()
+
+        async def read(name: str) -> tuple[_Parsed, str] | None:
+            data = await self._storage.get(posixpath.join(directory, name))
             if data is None:
-                continue  # gone meanwhile (the run was deleted)
-            columns, bad = await run_blocking(
-                _parse_segment_columns, data, endpoint=self._storage.endpoint
-            )
+                return None  # gone meanwhile (the run was deleted)
+            async with parsing:
+                return await run_blocking(parse, data, endpoint=self._storage.endpoint)
+
+        out: list[tuple[str, _Parsed]] = []
+        for name, result in zip(names, await _gather_bounded([read(n) for n in names])):
+            if result is None:
+                continue
+            columns, bad = result
             if bad:
                 skipped.add(posixpath.join(directory, name), bad)
             out.append((name, columns))
@@ -1839,7 +1855,7 @@ def _parse_segment(data: bytes) -> tuple[dict[str, list[TrackerMetric]], str]:
     """The points of a metrics segment by name, and what was wrong with the lines skipped
     (``""`` if none): a truncated line, columns of unequal length, a step that is not an
     integer (NaN, infinities), a value or time that is not a number."""
-    columns, bad = _parse_segment_columns(data)
+    columns, bad = parse_segment_columns(data)
     # One C loop per metric: a segment holds up to a million points.
     points = {
         name: list(
@@ -1858,35 +1874,18 @@ def _parse_segment(data: bytes) -> tuple[dict[str, list[TrackerMetric]], str]:
 SegmentColumns = tuple[list[int], list[float], list[float]]
 
 
-def _parse_segment_columns(data: bytes) -> tuple[dict[str, SegmentColumns], str]:
+def parse_segment_columns(data: bytes) -> tuple[dict[str, SegmentColumns], str]:
     """:func:`_parse_segment`'s checks, keeping the columns as lists (no object per point):
-    what a reader of millions of points wants. orjson parses a line unless it holds NaN or
-    infinities (JSON has none; the json module reads Python's tokens for them)."""
+    what a reader of millions of points wants. Lines are read by :func:`parse_column_line`;
+    the second item describes the lines skipped (:func:`describe_skipped`)."""
     out: dict[str, SegmentColumns] = {}
     bad: list[str] = []
     for lineno, line in enumerate(data.split(b"\n"), 1):
         if not line.strip():
             continue
         try:
-            try:
-                col = orjson.loads(line)
-            except orjson.JSONDecodeError:
-                col = json.loads(line)
-            name, steps, values, times = col["name"], col["step"], col["value"], col["time"]
-            if not isinstance(name, str):
-                raise TypeError("the metric name is not a string")
-            if not (type(steps) is type(values) is type(times) is list):
-                raise TypeError("the columns are not lists")
-            if not len(steps) == len(values) == len(times):
-                raise ValueError("the columns differ in length")
-            # Type checks by C loops (map, set): a segment holds up to a million points.
-            if not set(map(type, steps)) <= {int}:
-                raise TypeError("a step is not an integer")
-            if not set(map(type, values)) <= _NUMBERS or not set(map(type, times)) <= _NUMBERS:
-                raise TypeError("a value or time is not a number")
-            # Floats (an int too large for one is OverflowError: the line is skipped).
-            values, times = list(map(float, values)), list(map(float, times))
-        except (*_UNPARSEABLE, orjson.JSONDecodeError) as exc:
+            name, steps, values, times = parse_column_line(line)
+        except UNPARSEABLE_LINE as exc:
             bad.append(f"line {lineno}: {type(exc).__name__}: {exc}")
             continue
         if name in out:
@@ -1896,7 +1895,43 @@ def _parse_segment_columns(data: bytes) -> tuple[dict[str, SegmentColumns], str]
             t.extend(times)
         else:
             out[name] = (steps, values, times)
-    return out, "; ".join(bad[:2]) + (f"; {len(bad) - 2} more lines" if len(bad) > 2 else "")
+    return out, describe_skipped(bad)
+
+
+# What parse_column_line raises for a line it rejects.
+UNPARSEABLE_LINE = (*_UNPARSEABLE, orjson.JSONDecodeError)
+
+
+def parse_column_line(line: bytes) -> tuple[str, list[int], list[float], list[float]]:
+    """One line of a metrics segment: ``(name, steps, values, times)``, values and times as
+    floats. Raises one of :data:`UNPARSEABLE_LINE` for a line to skip: not JSON (a truncated
+    line), columns of unequal length, a step that is not an integer (NaN, infinities), a
+    value or time that is not a number. orjson parses a line unless it holds NaN or
+    infinities (JSON has none; the json module reads Python's tokens for them)."""
+    try:
+        col = orjson.loads(line)
+    except orjson.JSONDecodeError:
+        col = json.loads(line)
+    name, steps, values, times = col["name"], col["step"], col["value"], col["time"]
+    if not isinstance(name, str):
+        raise TypeError("the metric name is not a string")
+    if not (type(steps) is type(values) is type(times) is list):
+        raise TypeError("the columns are not lists")
+    if not len(steps) == len(values) == len(times):
+        raise ValueError("the columns differ in length")
+    # Type checks by C loops (map, set): a segment holds up to a million points.
+    if not set(map(type, steps)) <= {int}:
+        raise TypeError("a step is not an integer")
+    if not set(map(type, values)) <= _NUMBERS or not set(map(type, times)) <= _NUMBERS:
+        raise TypeError("a value or time is not a number")
+    # Floats (an int too large for one is OverflowError: the line is skipped).
+    return name, steps, list(map(float, values)), list(map(float, times))
+
+
+def describe_skipped(bad: Sequence[str]) -> str:
+    """The lines skipped of one segment in one line (``""`` if none): the first two, and how
+    many more."""
+    return "; ".join(bad[:2]) + (f"; {len(bad) - 2} more lines" if len(bad) > 2 else "")
 
 
 class FsspecTracker(SyncTracker):

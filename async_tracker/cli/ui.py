@@ -12,15 +12,19 @@ MISSING_UI = "the dashboard needs its extra: pip install 'async-tracker[ui]'"
 def cmd_ui(args: argparse.Namespace) -> int:
     try:
         from async_tracker.ui import server
+        from async_tracker.ui.live import PRELOAD_POINTS
     except ImportError as exc:  # starlette, uvicorn or numpy missing
         raise CliError(f"{MISSING_UI} ({exc})") from exc
     if not 0 <= args.port <= 65535:
         raise CliError(f"--port must be 0 (a free port) to 65535, got {args.port}")
+    if args.preload is not None and args.preload < 0:
+        raise CliError(f"--preload must be 0 (none) or more points, got {args.preload}")
     tracker, label = tracker_and_label(args)
     try:
         # The store is first read on the first request (its errors go to the page); what
         # fails here is the address (a port taken, a host not ours).
-        server.serve(host=args.host, port=args.port, tracker=tracker, label=label)
+        preload = PRELOAD_POINTS if args.preload is None else args.preload
+        server.serve(host=args.host, port=args.port, tracker=tracker, label=label, preload=preload)
     except OSError as exc:
         raise CliError(f"cannot serve on {args.host}:{args.port}: {exc.strerror or exc}") from exc
     return 0
@@ -39,5 +43,12 @@ def register(
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1)")
     p.add_argument(
         "--port", type=int, default=6070, help="port to bind (default: 6070; 0: a free one)"
+    )
+    p.add_argument(
+        "--preload",
+        type=int,
+        metavar="POINTS",
+        help="points of the newest runs to read as it starts, so that their charts draw at "
+        "once (default: 20 million, about 0.7 GB at most; 0: none)",
     )
     p.set_defaults(func=cmd_ui)

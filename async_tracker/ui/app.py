@@ -154,16 +154,12 @@ def _series(live: LiveStore, request: Request) -> object:
     xmin, xmax = _float(q.get("xmin"), "xmin"), _float(q.get("xmax"), "xmax")
     series = []
     for run_id in runs:
-        for name, curve in live.curves(run_id, metrics).items():
-            if axis == "step":
-                x, y, _ = curve.columns()
-            else:
-                x, y = curve.by_time()
+        for name, (x, y, count) in live.series(run_id, metrics, axis).items():
             part = window(x, xmin, xmax)
             x, y = x[part], y[part]
             keep = min_max(x, y, width)
             series.append(
-                {"run": run_id, "metric": name, "count": len(curve), "shown": len(keep),
+                {"run": run_id, "metric": name, "count": count, "shown": len(keep),
                  "x": x[keep], "y": y[keep]}
             )  # fmt: skip
     return {"series": series, "max_points": max_points(width)}

@@ -14,8 +14,10 @@ One :class:`LiveStore` per server owns every cache; the endpoints only ask it. I
   (TensorBoard, MLflow, plug-ins) are read whole again, only when their summary changed.
 
 Concurrency: endpoints run in worker threads (the reads block on the tracker loop). The
-index has one lock and the metric cache another, so that a long first read of a huge metric
-never stalls the run list that other clients poll.
+index has one lock, the metric cache another, and each run's points their own, so that a
+long first read of a huge metric stalls neither the run list that other clients poll nor
+the charts of other runs. As the server starts, :meth:`LiveStore.preload` reads the newest
+runs' points in the background, so that the first charts usually come from memory.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ import collections
 import inspect
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -37,6 +39,7 @@ from async_tracker.store.expr import differing_params
 from async_tracker.store.runs import read_runs, select
 from async_tracker.store.summary import RunSummary
 from async_tracker.tags import split_metadata
+from async_tracker.ui.segments import Chunk, parse_segment, times_array
 
 # How often the run list is read again at most, in seconds: clients poll every second, and
 # a point logged shows within this plus a poll.
@@ -47,6 +50,9 @@ SLOW_REFRESH_S = 5.0
 # The points kept in memory, all runs together (24 bytes each: about 1.2 GB): past it, the
 # runs least recently charted are dropped (read again if asked for again).
 MAX_CACHED_POINTS = 50_000_000
+# The points read ahead as the server starts (newest runs first): about 0.7 GB at most, and
+# a ten-million-point run among them.
+PRELOAD_POINTS = 20_000_000
 
 FloatArray = npt.NDArray[np.float64]
 
@@ -60,57 +66,71 @@ class UnknownRunError(KeyError):
 
 @dataclass
 class Curve:
-    """Every point of one metric of one run read so far, in step order (then time): numpy
-    columns. New points are appended as chunks and joined when next read."""
+    """Every point of one metric of one run read so far: steps and values as numpy arrays
+    in step order (then time), times as parts parsed when a chart first asks for them
+    (see :mod:`async_tracker.ui.segments`). New chunks are appended and joined when next
+    read. Its run's lock guards it; the arrays it returns are never changed afterwards (a
+    join makes new ones), so they are read without a lock."""
 
     steps: FloatArray = field(default_factory=lambda: np.empty(0))
     values: FloatArray = field(default_factory=lambda: np.empty(0))
-    times: FloatArray = field(default_factory=lambda: np.empty(0))
-    _chunks: list[tuple[FloatArray, FloatArray, FloatArray]] = field(default_factory=list)
+    _times: list[FloatArray | bytes] = field(default_factory=list)
+    _chunks: list[Chunk] = field(default_factory=list)
     _by_time: npt.NDArray[np.intp] | None = None
 
-    def add(self, steps: Sequence[int], values: Sequence[float], times: Sequence[float]) -> None:
-        if len(steps):
-            self._chunks.append(
-                (np.asarray(steps, np.float64), np.asarray(values, np.float64),
-                 np.asarray(times, np.float64))
-            )  # fmt: skip
+    def add(self, chunk: Chunk) -> None:
+        if len(chunk):
+            self._chunks.append(chunk)
 
-    def columns(self) -> tuple[FloatArray, FloatArray, FloatArray]:
-        """``(steps, values, times)``, sorted by step then time."""
+    def by_step(self) -> tuple[FloatArray, FloatArray]:
+        """``(steps, values)``, sorted by step then time."""
         if self._chunks:
             chunks, self._chunks = self._chunks, []
-            in_order = len(self.steps) == 0 or chunks[0][0].min() >= self.steps[-1]
-            self.steps = np.concatenate([self.steps, *(c[0] for c in chunks)])
-            self.values = np.concatenate([self.values, *(c[1] for c in chunks)])
-            self.times = np.concatenate([self.times, *(c[2] for c in chunks)])
-            in_order = in_order and bool(np.all(np.diff(self.steps) >= 0))
+            in_order = len(self.steps) == 0 or chunks[0].steps.min() >= self.steps[-1]
+            self.steps = np.concatenate([self.steps, *(c.steps for c in chunks)])
+            self.values = np.concatenate([self.values, *(c.values for c in chunks)])
+            for c in chunks:
+                self._times.extend(c.times)
+            # (Not np.diff: it makes a float array as long as the curve.)
+            in_order = in_order and bool(np.all(self.steps[1:] >= self.steps[:-1]))
             if not in_order:  # a late writer (another rank): sort again, stably
-                order = np.lexsort((self.times, self.steps))
+                times = self._all_times()
+                order = np.lexsort((times, self.steps))
                 self.steps, self.values = self.steps[order], self.values[order]
-                self.times = self.times[order]
+                self._times = [times[order]]
             self._by_time = None
-        return self.steps, self.values, self.times
+        return self.steps, self.values
 
     def by_time(self) -> tuple[FloatArray, FloatArray]:
-        """``(times, values)`` sorted by time (for charts with time as x)."""
-        _, values, times = self.columns()
+        """``(times, values)`` sorted by time, without points whose time could not be read."""
+        _, values = self.by_step()
+        times = self._all_times()
         if self._by_time is None:
-            self._by_time = np.argsort(times, kind="stable")
+            order = np.argsort(times, kind="stable")
+            self._by_time = order[~np.isnan(times[order])]
         return times[self._by_time], values[self._by_time]
 
+    def _all_times(self) -> FloatArray:
+        times = times_array(self._times)
+        self._times = [times]
+        return times
+
     def __len__(self) -> int:
-        return len(self.steps) + sum(len(c[0]) for c in self._chunks)
+        return len(self.steps) + sum(len(c) for c in self._chunks)
 
 
 @dataclass
 class _RunPoints:
     """The points read of one run, and how far: the segments read (fsspec) and the run's
-    summary point count at the last read."""
+    summary point count at the last read. ``lock`` guards all of it: one thread reads a
+    run's points at a time, while other runs are read beside it."""
 
+    lock: threading.Lock = field(default_factory=threading.Lock)
     curves: dict[str, Curve] = field(default_factory=dict)
     segments: set[str] = field(default_factory=set)
     seen_count: int = -1
+    # The points held, as of the last read: what eviction counts (read without the lock).
+    held: int = 0
 
 
 @dataclass(frozen=True)
@@ -266,9 +286,12 @@ class LiveStore:
         return [{"writer": w, **b} for w, b in sorted(beats.items())]
 
     # -- metric points --------------------------------------------------------------------------
-    def curves(self, run_id: str, names: Iterable[str] | None = None) -> dict[str, Curve]:
-        """The run's curves (those of ``names``, all without it), read up to what its
-        summary counts: only what is new since the last call."""
+    def series(
+        self, run_id: str, names: Iterable[str] | None = None, axis: str = "step"
+    ) -> dict[str, tuple[FloatArray, FloatArray, int]]:
+        """The run's curves (those of ``names``, all without it) read up to what its summary
+        counts (only what is new since the last call): per metric ``(x, y, count)``, x the
+        step or the time (``axis``), sorted. The arrays are never changed afterwards."""
         summary = self.summary(run_id)
         count = sum(m.count for m in summary.metrics.values())
         with self._points_lock:
@@ -277,24 +300,37 @@ class LiveStore:
                 # New, or fewer points than read: the run was deleted and written anew.
                 points = self._points[run_id] = _RunPoints()
             self._points.move_to_end(run_id)
+        # The run's own lock, not the cache's: a long first read of a huge run (seconds)
+        # holds up only the requests for that run. The two locks are never nested.
+        with points.lock:
             if points.seen_count != count:
                 self._read_points(run_id, points)
                 points.seen_count = count
-                self._evict()
+                points.held = sum(len(c) for c in points.curves.values())
             wanted = points.curves if names is None else {
                 n: points.curves[n] for n in names if n in points.curves
             }  # fmt: skip
-            for curve in wanted.values():
-                curve.columns()  # joined here, under the lock: one thread does it
-            return dict(wanted)
+            out = {}
+            for name, curve in wanted.items():
+                x, y = curve.by_step() if axis == "step" else curve.by_time()
+                out[name] = (x, y, len(curve))
+        self._evict()
+        return out
 
     def _evict(self) -> None:
         """Drops the runs least recently charted while the points kept exceed the bound
-        (the run just read stays, however big)."""
-        total = sum(len(c) for p in self._points.values() for c in p.curves.values())
-        while total > self.max_points and len(self._points) > 1:
-            _, dropped = self._points.popitem(last=False)
-            total -= sum(len(c) for c in dropped.curves.values())
+        (the run just read stays, however big). A reader of a run dropped meanwhile keeps
+        what it holds; the next request reads the run again."""
+        with self._points_lock:
+            total = sum(p.held for p in self._points.values())
+            while total > self.max_points and len(self._points) > 1:
+                _, dropped = self._points.popitem(last=False)
+                total -= dropped.held
+
+    def held_points(self) -> int:
+        """The points kept in memory, all runs together."""
+        with self._points_lock:
+            return sum(p.held for p in self._points.values())
 
     def forget(self, run_ids: Iterable[str]) -> None:
         """Drops the points kept of ``run_ids`` (runs gone from the store)."""
@@ -302,23 +338,46 @@ class LiveStore:
             for run_id in run_ids:
                 self._points.pop(run_id, None)
 
+    def preload(self, stop: threading.Event, budget: int = PRELOAD_POINTS) -> None:
+        """Reads the points of the newest runs (by start) while they fit in ``budget``
+        points held (and in ``max_points``), until ``stop`` is set: what the server does in
+        the background as it starts, so that the first charts come from memory. Errors end
+        it quietly: the requests that need those points meet them again."""
+        budget = min(budget, self.max_points)
+        try:
+            self.refresh()
+            with self._index_lock:
+                runs = sorted((r for r, _ in self._runs.values()), key=_started, reverse=True)
+            for run in runs:
+                if stop.is_set() or self.held_points() >= budget:
+                    return
+                if sum(m.count for m in run.metrics.values()) <= budget - self.held_points():
+                    self.series(run.run_id)
+        except Exception:  # a read error is the next request's to report
+            return
+
     def _read_points(self, run_id: str, points: _RunPoints) -> None:
         segments = getattr(self._inner, "metric_segments", None)
         if callable(segments):
-            new: list[tuple[str, Mapping[str, Any]]] = _call(segments, run_id, points.segments)
-            for name, columns in new:
+            new: list[tuple[str, dict[str, Chunk]]] = _call(
+                segments, run_id, points.segments, parse_segment
+            )
+            for name, chunks in new:
                 points.segments.add(name)
-                for metric, (steps, values, times) in columns.items():
-                    points.curves.setdefault(metric, Curve()).add(steps, values, times)
+                for metric, chunk in chunks.items():
+                    points.curves.setdefault(metric, Curve()).add(chunk)
             return
         read = getattr(self.tracker, "metrics", None)
         if not callable(read):
             return  # a plain torchx TrackerBase: no metrics
         points.curves = {}
         for metric, curve in read(run_id).items():
-            c = Curve()
-            c.add([p.step for p in curve], [p.value for p in curve], [p.timestamp for p in curve])
-            points.curves[metric] = c
+            c = points.curves[metric] = Curve()
+            c.add(Chunk(
+                np.array([p.step for p in curve], np.float64),
+                np.array([p.value for p in curve], np.float64),
+                [np.array([p.timestamp for p in curve], np.float64)],
+            ))  # fmt: skip
 
 
 def _call(fn: Callable[..., Any], *args: Any) -> Any:
@@ -337,12 +396,16 @@ def _summary_cache(inner: object) -> object | None:
     return SummaryFileCache() if isinstance(inner, AsyncFsspecTracker) else None
 
 
+def _started(run: RunSummary) -> float:
+    return run.start if run.start is not None else float("-inf")
+
+
 def _search_text(run: RunSummary) -> str:
     parts = [run.run_id, run.note, *run.tags, *(f"{k}={v}" for k, v in run.params.items())]
     return "\n".join(parts).lower()
 
 
 __all__ = [
-    "DEFAULT_REFRESH_S", "MAX_CACHED_POINTS", "SLOW_REFRESH_S", "Changes", "Curve", "LiveStore",
-    "UnknownRunError",
+    "DEFAULT_REFRESH_S", "MAX_CACHED_POINTS", "PRELOAD_POINTS", "SLOW_REFRESH_S", "Changes",
+    "Curve", "LiveStore", "UnknownRunError",
 ]

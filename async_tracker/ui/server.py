@@ -6,12 +6,13 @@ import ipaddress
 import os
 import socket
 import sys
+import threading
 
 from async_tracker.adapters import as_sync
 from async_tracker.base import TrackerBase
 from async_tracker.init_run import open_store, store_dir
 from async_tracker.ui.app import create_app
-from async_tracker.ui.live import LiveStore
+from async_tracker.ui.live import PRELOAD_POINTS, LiveStore
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 6070
@@ -26,6 +27,7 @@ def serve(
     tracker: TrackerBase | None = None,
     label: str | None = None,
     refresh_s: float | None = None,
+    preload: int = PRELOAD_POINTS,
 ) -> None:
     """Serves the dashboard of ``store`` (a path or fsspec URL; default
     ``$ASYNC_TRACKER_DIR``, else ``./tracker_runs``), or of ``tracker`` (any torchx
@@ -37,7 +39,9 @@ def serve(
 
     Binding anything but the loopback prints a warning: the dashboard has no login, and
     whoever reaches the address reads every run. ``refresh_s``: how often the run list is
-    read again at most (default: 0.5 s, 5 s for a backend without run summaries)."""
+    read again at most (default: 0.5 s, 5 s for a backend without run summaries).
+    ``preload``: the points of the newest runs to read in the background as the server
+    starts, so that the first charts come from memory (0: none)."""
     import uvicorn
 
     if tracker is None:
@@ -56,10 +60,15 @@ def serve(
     shown = sock.getsockname()[1]
     name = f"[{host}]" if ":" in host else host
     print(f"http://{name}:{shown}/", flush=True)
-    config = uvicorn.Config(
-        create_app(live), log_level="warning", access_log=False, lifespan="off"
-    )
+    config = uvicorn.Config(create_app(live), log_level="warning", access_log=False, lifespan="off")
     server = uvicorn.Server(config)
+    # A daemon thread: it only reads, and Ctrl-C must not wait for it. It checks `stop`
+    # between runs, so it ends within one run's read once the server is done.
+    stop = threading.Event()
+    if preload > 0:
+        threading.Thread(
+            target=live.preload, args=(stop, preload), name="async-tracker-ui-preload", daemon=True
+        ).start()
     try:
         server.run(sockets=[sock])
     except KeyboardInterrupt:
@@ -67,6 +76,7 @@ def serve(
         # way out we asked for, not an error.
         pass
     finally:
+        stop.set()
         sock.close()
 
 

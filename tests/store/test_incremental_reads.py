@@ -10,7 +10,11 @@ import time
 from pathlib import Path
 
 from async_tracker import AppRun
-from async_tracker.backend.fsspec import AsyncFsspecTracker, SummaryFileCache
+from async_tracker.backend.fsspec import (
+    AsyncFsspecTracker,
+    SummaryFileCache,
+    parse_segment_columns,
+)
 from async_tracker.init_run import open_store
 from async_tracker.runtime.process import runtime
 from async_tracker.store.summary import RunSummary
@@ -34,20 +38,20 @@ def test_metric_segments_returns_only_the_segments_not_read(tmp_path: Path) -> N
         run.log_metric("loss", value, step=step)
     assert run.flush(30).ok
     store = backend(root)
-    first = runtime().loop.call(store.metric_segments, "r/1", ())
+    first = runtime().loop.call(store.metric_segments, "r/1", (), parse_segment_columns)
     assert len(first) == 1
     name, columns = first[0]
     steps, got, times = columns["loss"]
     assert steps == [0, 1, 2, 3] and len(times) == 4
     assert got[0] == 0.5 and math.isnan(got[1]) and got[2:] == [math.inf, -math.inf]
-    assert runtime().loop.call(store.metric_segments, "r/1", {name}) == []
+    assert runtime().loop.call(store.metric_segments, "r/1", {name}, parse_segment_columns) == []
     run.log_metrics({"loss": 0.25, "acc": 0.9}, step=4)
     assert run.close(30).ok
-    (new,) = runtime().loop.call(store.metric_segments, "r/1", {name})
+    (new,) = runtime().loop.call(store.metric_segments, "r/1", {name}, parse_segment_columns)
     assert new[0] != name and new[1] == {
         "loss": ([4], [0.25], new[1]["loss"][2]), "acc": ([4], [0.9], new[1]["acc"][2])
     }
-    assert runtime().loop.call(store.metric_segments, "nobody", ()) == []
+    assert runtime().loop.call(store.metric_segments, "nobody", (), parse_segment_columns) == []
 
 
 def test_summary_files_unchanged_are_taken_from_the_cache(tmp_path: Path) -> None:

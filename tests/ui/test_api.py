@@ -3,6 +3,7 @@ written by real runs: each endpoint, live changes after a cursor, and bad input.
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -270,3 +271,34 @@ def test_points_kept_are_bounded_and_dropped_with_their_run(store: Path) -> None
     assert runtime().loop.call(open_store(store).delete_run, "base/a")
     assert client.get("/api/runs/base/a").status_code == 404
     assert list(live._points) == []
+
+
+def test_preload_reads_the_newest_runs_within_its_budget_and_stops_when_told(
+    store: Path,
+) -> None:
+    live = LiveStore(as_sync(open_store(store)), "store", refresh_s=0.0)
+    reads: list[str] = []
+    inner = live._inner
+    real = inner.metric_segments
+
+    async def counted(run_id: str, known: Any, parse: Any) -> Any:
+        reads.append(run_id)
+        return await real(run_id, known, parse)
+
+    inner.metric_segments = counted
+    live.preload(threading.Event(), budget=720)  # two runs of 360 points
+    assert reads == ["base/c", "base/b"] and live.held_points() == 720
+    # Their charts come from memory; the run left out is read when asked for.
+    client = TestClient(create_app(live))
+    (series,) = ok(client.get("/api/series", params={"run": "base/c", "metric": "loss"}))[
+        "series"
+    ]
+    assert series["count"] == STEPS and reads == ["base/c", "base/b"]
+    ok(client.get("/api/series", params={"run": "base/a"}))
+    assert reads == ["base/c", "base/b", "base/a"]
+    # Told to stop (the server is ending): it reads nothing more.
+    stopped = threading.Event()
+    stopped.set()
+    other = LiveStore(as_sync(open_store(store)), "store", refresh_s=0.0)
+    other.preload(stopped)
+    assert other.held_points() == 0

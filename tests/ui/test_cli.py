@@ -66,6 +66,26 @@ def test_a_port_taken_is_a_one_line_error(store: Path) -> None:
     assert f"cannot serve on 127.0.0.1:{port}" in stderr and "Traceback" not in stderr
 
 
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--port", "70000"], "--port must be 0 (a free port) to 65535, got 70000"),
+        (["--preload", "-1"], "--preload must be 0 (none) or more points, got -1"),
+    ],
+)
+def test_bad_options_are_one_line_errors(store: Path, args: list[str], message: str) -> None:
+    child = Child(
+        "import sys; from async_tracker.cli.main import main; sys.exit(main())",
+        "ui", "--store", str(store), *args,
+    )  # fmt: skip
+    try:
+        assert child.wait(60) == 2
+        stderr = child.stderr()
+    finally:
+        child.close()
+    assert message in stderr and "Traceback" not in stderr
+
+
 def test_serve_from_python_prints_its_url_and_returns_on_ctrl_c(store: Path) -> None:
     child = Child(
         "import sys, async_tracker.ui\n"
