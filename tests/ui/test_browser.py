@@ -296,3 +296,42 @@ def test_the_chart_controls_and_zoom_redraw_the_curves(page: Any) -> None:
     errors = [e for e in page.get_log("browser")
               if e["level"] == "SEVERE" and e.get("source") != "network"]  # fmt: skip
     assert errors == []
+
+
+def test_the_view_is_kept_in_the_url_across_a_reload_and_a_runs_page(page: Any) -> None:
+    page.find_element(By.ID, "filter").send_keys("lr<0.05")
+    until(page, lambda: set(rows(page)) == {"base/b", "base/c"}, "the filter applied")
+    select(page, "base/c")
+    select(page, "base/b")
+    page.find_element(By.CSS_SELECTOR, '.seg button[data-x="time"]').click()
+    page.find_element(By.ID, "logscale").click()
+    assert page.current_url.endswith(
+        "#/?run=base%2Fc&run=base%2Fb&filter=lr%3C0.05&x=time&log=1"
+    ), page.current_url
+
+    def restored() -> bool:
+        loss = charts(page).get("loss", {})
+        return set(rows(page)) == {"base/b", "base/c"} and loss.get("runs") == [
+            "base/c", "base/b"
+        ]  # fmt: skip
+
+    page.refresh()
+    until(page, restored, "the same runs, filter and charts after a reload")
+    assert page.execute_script(
+        "return [document.getElementById('filter').value,"
+        " document.querySelector('.seg button.on').dataset.x,"
+        " document.getElementById('logscale').checked,"
+        " [...document.querySelectorAll('tr[data-run-id] input:checked')].length]"
+    ) == ["lr<0.05", "time", True, 2]
+    # A run's page, then "All runs" and the back button: the view is as it was left.
+    page.find_element(By.CSS_SELECTOR, 'tr[data-run-id="base/b"] a.run-link').click()
+    until(page, lambda: page.execute_script(
+        "const v = document.getElementById('run-view');"
+        "return !v.hidden && !!v.querySelector('a.back')"
+    ), "the run page")  # fmt: skip
+    page.find_element(By.CSS_SELECTOR, "#run-view a.back").click()
+    until(page, restored, "the view after All runs")
+    page.find_element(By.CSS_SELECTOR, 'tr[data-run-id="base/b"] a.run-link').click()
+    until(page, lambda: "run/" in page.current_url, "the run page again")
+    page.back()
+    until(page, restored, "the view after the back button")

@@ -26,7 +26,7 @@
     x: "step", smoothing: 0, log: false,
     series: new Map(),   // run id -> {sig, x, metrics: {name: {x, y, count}}}
     view: "runs", runId: null, runDetail: null, runSeries: null,
-    polling: false, lastOk: 0,
+    polling: false, lastOk: 0, viewLoaded: false,
   };
   window.__charts = {};
 
@@ -166,7 +166,46 @@
     state.generation += 1;
     state.cursor = 0;
     state.runs.clear();
+    saveView();
     poll();
+  }
+
+  // -- the runs view in the URL: a reload, the back button or a shared link shows the same
+  // runs, filter, sort and chart settings (#/?run=a&run=b&filter=...&x=time&smooth=0.6&log=1).
+  function saveView() {
+    if (state.view !== "runs") return;
+    const q = new URLSearchParams();
+    for (const id of state.selected) q.append("run", id);
+    if (state.filter) q.set("filter", state.filter);
+    if (state.search) q.set("search", state.search);
+    if (state.sort) q.set("sort", state.sort);
+    if (state.x !== "step") q.set("x", state.x);
+    if (state.smoothing) q.set("smooth", String(state.smoothing));
+    if (state.log) q.set("log", "1");
+    const hash = [...q].length ? `#/?${q}` : "";
+    // replaceState: a toggle is not a page to go back to (and fires no hashchange).
+    if (location.hash !== hash) history.replaceState(null, "", hash || location.pathname + location.search);
+  }
+
+  function loadView() {
+    const m = location.hash.match(/^#\/\?(.*)$/);
+    const q = new URLSearchParams(m ? m[1] : "");
+    state.selected = [];
+    for (const id of q.getAll("run")) pick(id);
+    const list = [q.get("filter") || "", q.get("search") || "", q.get("sort") || ""];
+    const listChanged = list.join("\n") !== [state.filter, state.search, state.sort].join("\n");
+    [state.filter, state.search, state.sort] = list;
+    $("filter").value = state.filter;
+    $("search").value = state.search;
+    state.x = q.get("x") === "time" ? "time" : "step";
+    document.querySelectorAll(".seg button").forEach((b) => b.classList.toggle("on", b.dataset.x === state.x));
+    const smooth = Number(q.get("smooth"));
+    state.smoothing = Number.isFinite(smooth) ? Math.min(0.99, Math.max(0, smooth)) : 0;
+    $("smoothing").value = String(state.smoothing);
+    $("smoothing-value").textContent = state.smoothing.toFixed(2);
+    state.log = q.get("log") === "1";
+    $("logscale").checked = state.log;
+    return listChanged;
   }
 
   function showFilterError(message) {
@@ -249,13 +288,16 @@
     $("run-count").textContent = `${runs.length} of ${state.total} run${state.total === 1 ? "" : "s"}`;
   }
 
+  function pick(id) {
+    if (state.selected.includes(id)) return;
+    state.selected.push(id);
+    if (!state.colors.has(id)) state.colors.set(id, PALETTE[state.nextColor++ % PALETTE.length]);
+  }
+
   function toggle(id, on) {
-    if (on && !state.selected.includes(id)) {
-      state.selected.push(id);
-      if (!state.colors.has(id)) state.colors.set(id, PALETTE[state.nextColor++ % PALETTE.length]);
-    } else if (!on) {
-      state.selected = state.selected.filter((r) => r !== id);
-    }
+    if (on) pick(id);
+    else state.selected = state.selected.filter((r) => r !== id);
+    saveView();
     renderTable();
     refreshSeries();
   }
@@ -572,6 +614,13 @@
       $("charts-toolbar").append($("chart-controls"));
       $("run-view").hidden = true;
       $("runs-view").hidden = false;
+      // The URL's settings when it has them (a reload, a link, the back button) or on the
+      // first visit; else ("← All runs") the view as it was left, written into the URL.
+      if (/^#\/\?/.test(location.hash) || !state.viewLoaded) {
+        state.viewLoaded = true;
+        if (loadView()) restartList();
+        else renderTable();
+      } else saveView();
       refreshSeries();
     }
   }
@@ -594,14 +643,16 @@
   document.querySelectorAll(".seg button").forEach((b) => b.addEventListener("click", () => {
     state.x = b.dataset.x;
     document.querySelectorAll(".seg button").forEach((o) => o.classList.toggle("on", o === b));
+    saveView();
     if (state.view === "runs") refreshSeries(); else if (state.runId) loadRun(state.runId, false);
   }));
   $("smoothing").addEventListener("input", () => {
     state.smoothing = Number($("smoothing").value);
     $("smoothing-value").textContent = state.smoothing.toFixed(2);
+    saveView();
     redrawCharts();
   });
-  $("logscale").addEventListener("change", () => { state.log = $("logscale").checked; redrawCharts(); });
+  $("logscale").addEventListener("change", () => { state.log = $("logscale").checked; saveView(); redrawCharts(); });
   window.addEventListener("hashchange", route);
   window.addEventListener("resize", debounce(redrawCharts, 200));
 
