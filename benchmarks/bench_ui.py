@@ -12,18 +12,21 @@
   started (preloading the newest runs), the page opened at once, the run selected as soon
   as its row shows: the seconds from the start to the chart drawn, and from the selection
   to the chart drawn, then with the server warm.
-* ``live refresh``: ``--runs`` runs that have not ended, 10 of which log a point (a new
-  segment and summary each) between refreshes; one refresh is what a polling page makes the
-  server do: ``GET /api/runs?cursor=N`` (the run list read again) and ``GET /api/series``
-  for two selected runs. Reports the server's CPU time per refresh (process CPU time, all
-  threads, median of ``--rounds``), against the baseline of a reader that keeps nothing:
-  the whole list read again without the summary cache, and both runs' points read whole
-  (``Store.metrics``).
+* ``live refresh``: ``--runs`` runs that have not ended (each with a fresh heartbeat, as a
+  live writer of this package has), 10 of which log a point (a new segment and summary
+  each) between refreshes; one refresh is what a polling page makes the server do: the
+  runs changed since its cursor (the run list read again) and two selected runs' series.
+  Reports the ``LiveStore``'s CPU time per refresh in this process (all threads, median of
+  ``--rounds``), against the baseline of a reader that keeps nothing: the whole list read
+  again without the summary cache, and both runs' points read whole (``Store.metrics``);
+  then the CPU time of an ``async-tracker ui`` process per refresh (``GET /api/runs?cursor=N``
+  and ``GET /api/series``, from /proc, HTTP and JSON included).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import platform
 import shutil
@@ -34,23 +37,27 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from starlette.testclient import TestClient
 
 from async_tracker import Store
 from async_tracker.adapters import as_sync
+from async_tracker.backend.fsspec import AsyncFsspecTracker
 from async_tracker.init_run import open_store
 from async_tracker.records import TrackerMetric
+from async_tracker.runtime.process import runtime
 from async_tracker.store.runs import read_runs
 from async_tracker.ui.app import create_app
+from async_tracker.ui.downsample import min_max
 from async_tracker.ui.live import LiveStore
 
 SEGMENT = 1_000_000
 LIVE_WRITERS = 10
 
 
-def write_points(root: Path, run_id: str, n: int, start: int = 0) -> None:
-    tracker = as_sync(open_store(root))
+def write_points(writer: AsyncFsspecTracker, run_id: str, n: int, start: int = 0) -> None:
+    tracker = as_sync(writer)
     t0 = time.time()
     for first in range(start, start + n, SEGMENT):
         last = min(start + n, first + SEGMENT)
@@ -73,7 +80,7 @@ def median_of(rounds: int, fn: Callable[[], object]) -> float:
 def bench_big(root: Path, points: int, rounds: int, browser: bool) -> None:
     print(f"\n== big metric: {points:,} points ==")
     t = time.perf_counter()
-    write_points(root, "big/1", points)
+    write_points(open_store(root), "big/1", points)
     print(f"written in {time.perf_counter() - t:.1f} s")
     t = time.perf_counter()
     frame = Store(root).metrics("big/1")
@@ -172,34 +179,44 @@ def browser_draw(root: Path) -> None:
 def bench_live(root: Path, runs: int, rounds: int) -> None:
     print(f"\n== live refresh: {runs} runs not ended, {LIVE_WRITERS} logging ==")
     ids = [f"live/{i}" for i in range(runs)]
+    writer = open_store(root)  # one writer: its heartbeats go into its summaries
     for run_id in ids:
-        write_points(root, run_id, 100)
+        # A live writer's heartbeat (its interval long enough to stay fresh throughout): the
+        # list trusts it, as it does a run of this package that is still writing.
+        runtime().loop.call(writer.heartbeat, run_id, 3600.0)
+        write_points(writer, run_id, 100)
     steps = dict.fromkeys(ids, 100)
-    # The server reads the list at most once per refresh_s: a clock of our own, moved on
-    # once per refresh, makes each refresh read it exactly once (as a page polling does).
+
+    def log_some(r: int) -> None:
+        for run_id in ids[r % 2 :: max(1, runs // LIVE_WRITERS)][:LIVE_WRITERS]:
+            write_points(writer, run_id, 1, steps[run_id])
+            steps[run_id] += 1
+
+    # In this process: the LiveStore's work per refresh, without HTTP. It reads the list at
+    # most once per refresh_s: a clock of our own, moved on once per refresh, makes each
+    # refresh read it exactly once (as a page polling does).
     now = [0.0]
     live = LiveStore(as_sync(open_store(root)), f"store {root}", clock=lambda: now[0])
-    client = TestClient(create_app(live))
-    cursor = client.get("/api/runs").json()["version"]
-    selected = {"run": ids[:2], "width": "1200"}
-    client.get("/api/series", params=selected)
+    cursor = live.changes().version
+    for run_id in ids[:2]:
+        live.series(run_id)
     cached: list[float] = []
     uncached: list[float] = []
     listed: list[float] = []
     plain = as_sync(open_store(root))
     store = Store(root)
     for r in range(rounds):
-        for run_id in ids[r % 2 :: max(1, runs // LIVE_WRITERS)][:LIVE_WRITERS]:
-            write_points(root, run_id, 1, steps[run_id])
-            steps[run_id] += 1
+        log_some(r)
         now[0] += live.refresh_s
         reads = live.reads
         t = time.process_time()
-        data = client.get("/api/runs", params={"cursor": cursor}).json()
-        client.get("/api/series", params=selected)
+        changes = live.changes(cursor)
+        for run_id in ids[:2]:
+            for x, y, _ in live.series(run_id).values():
+                min_max(x, y, 1200)
         cached.append(time.process_time() - t)
-        assert data["runs"] and live.reads == reads + 1, "one read of the list per refresh"
-        cursor = data["version"]
+        assert changes.runs and live.reads == reads + 1, "one read of the list per refresh"
+        cursor = changes.version
         t = time.process_time()
         read_runs(plain)
         listed.append(time.process_time() - t)
@@ -208,8 +225,57 @@ def bench_live(root: Path, runs: int, rounds: int) -> None:
     c, u, lst = statistics.median(cached), statistics.median(uncached), statistics.median(listed)
     print(f"re-read: list without cache + 2 runs' points {u * 1e3:7.1f} ms CPU  (baseline)")
     print(f"  of which the list alone                    {lst * 1e3:7.1f} ms CPU")
-    print(f"one refresh (runs since cursor + 2 series)   {c * 1e3:7.1f} ms CPU  "
-          f"({c / u:.2f}x the baseline)")
+    print(f"one refresh, the LiveStore's work            {c * 1e3:7.1f} ms CPU  "
+          f"({c / u:.2f}x the baseline)")  # fmt: skip
+    served = server_cpu_per_refresh(root, ids[:2], rounds, log_some)
+    print(f"one refresh, the server process (HTTP, JSON) {served * 1e3:7.1f} ms CPU")
+
+
+def server_cpu_per_refresh(
+    root: Path, selected: list[str], rounds: int, log_some: Callable[[int], None]
+) -> float:
+    """``async-tracker ui`` as a process, polled as a page polls (runs since the cursor, and
+    the selected runs' series) after each round of points logged, a refresh period apart:
+    its CPU time (from /proc) per refresh."""
+    import urllib.parse
+    import urllib.request
+
+    server = subprocess.Popen(
+        [sys.executable, "-m", "async_tracker", "ui", "--store", str(root), "--port", "0",
+         "--preload", "0"],
+        stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert server.stdout is not None
+        url = server.stdout.readline().strip()
+        series = url + "api/series?" + urllib.parse.urlencode(
+            [("run", r) for r in selected] + [("width", "1200")]
+        )  # fmt: skip
+
+        def get(address: str) -> Any:
+            with urllib.request.urlopen(address, timeout=60) as response:
+                return json.loads(response.read())
+
+        cursor = get(url + "api/runs")["version"]
+        get(series)
+        ticks = os.sysconf("SC_CLK_TCK")
+
+        def cpu() -> float:
+            fields = Path(f"/proc/{server.pid}/stat").read_text().rsplit(")", 1)[1].split()
+            return (int(fields[11]) + int(fields[12])) / ticks  # utime + stime
+
+        spent = 0.0
+        for r in range(rounds):
+            log_some(r)
+            time.sleep(0.6)  # past the server's refresh period: each poll reads the list
+            before = cpu()
+            cursor = get(f"{url}api/runs?cursor={cursor}")["version"]
+            get(series)
+            spent += cpu() - before
+        return spent / rounds
+    finally:
+        server.terminate()
+        server.wait()
 
 
 def main() -> None:

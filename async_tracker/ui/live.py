@@ -47,8 +47,9 @@ DEFAULT_REFRESH_S = 0.5
 # The same for a backend that keeps no run summaries (TensorBoard, MLflow, a plug-in): its
 # list is every run read through the tracker API, points included, so it is read less often.
 SLOW_REFRESH_S = 5.0
-# The points kept in memory, all runs together (24 bytes each: about 1.2 GB): past it, the
-# runs least recently charted are dropped (read again if asked for again).
+# The points kept in memory, all runs together (about 34 bytes each: step and value, and the
+# time as text until charted by time; about 1.7 GB): past it, the runs least recently
+# charted are dropped (read again if asked for again).
 MAX_CACHED_POINTS = 50_000_000
 # The points read ahead as the server starts (newest runs first): about 0.7 GB at most, and
 # a ten-million-point run among them.

@@ -38,7 +38,7 @@ _INT64 = np.iinfo(np.int64)
 class Chunk:
     """The points of one metric in one segment, in the segment's order: steps and values
     as float64 arrays, and ``times`` as parts, each an array or a JSON array's text
-    (brackets included) holding one number per point, parsed by :meth:`times_array`."""
+    (brackets included) holding one number per point, parsed by :func:`times_array`."""
 
     steps: FloatArray
     values: FloatArray
@@ -55,16 +55,16 @@ def parse_segment(data: bytes) -> tuple[dict[str, Chunk], str]:
     bad: list[str] = []
     times: FloatArray | bytes
     # Lines are found by offset, not split out: a segment is often one line of 50 MB.
-    start, lineno = 0, 0
-    while start < len(data):
+    end, lineno = -1, 0
+    while end < len(data):
+        start, lineno = end + 1, lineno + 1
         end = data.find(b"\n", start)
         end = len(data) if end < 0 else end
-        line_at, start, lineno = slice(start, end), end + 1, lineno + 1
-        fast = _fast_line(data, line_at.start, line_at.stop)
+        fast = _fast_line(data, start, end)
         if fast is not None:
             name, steps, values, times = fast
         else:
-            line = data[line_at]
+            line = data[start:end]
             if not line.strip():
                 continue
             try:
@@ -98,10 +98,15 @@ def times_array(parts: list[FloatArray | bytes]) -> FloatArray:
 
 
 def _parse_times(text: bytes) -> FloatArray:
+    count = text.count(b",") + 1 if text != b"[]" else 0
     try:
-        return np.array(orjson.loads(text), np.float64)
+        times = np.array(orjson.loads(text), np.float64)
+        if times.shape == (count,):
+            return times
     except (orjson.JSONDecodeError, TypeError, ValueError, OverflowError):
-        return np.array([_float_or_nan(t) for t in text[1:-1].split(b",")], np.float64)
+        pass
+    # Not a flat list of numbers: token by token, each that is not a number NaN.
+    return np.array([_float_or_nan(t) for t in text[1:-1].split(b",")], np.float64)
 
 
 def _float_or_nan(token: bytes) -> float:

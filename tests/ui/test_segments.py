@@ -92,6 +92,13 @@ def test_unreadable_times_are_left_out_of_time_charts_alone() -> None:
     assert times.tolist() == [10.0, 30.0] and by_time.tolist() == [1.0, 3.0]
 
 
+def test_times_that_are_not_a_flat_list_of_numbers_read_as_nan_each() -> None:
+    # One time per comma-separated token, as the count checked when the line was read.
+    assert np.isnan(times_array([b"[[1,2]]"])).tolist() == [True, True]
+    assert np.isnan(times_array([b"[1,[2],3]"])).tolist() == [False, True, False]
+    assert times_array([b"[]", b"[5]"]).tolist() == [5.0]
+
+
 def test_late_points_are_sorted_by_step_then_time_parsing_the_times() -> None:
     curve = Curve()
     curve.add(parse_segment(line("a", [5, 6], [5.0, 6.0], [5.0, 6.0]))[0]["a"])
