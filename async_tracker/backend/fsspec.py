@@ -1886,7 +1886,7 @@ def parse_segment_columns(data: bytes) -> tuple[dict[str, SegmentColumns], str]:
         try:
             name, steps, values, times = parse_column_line(line)
         except UNPARSEABLE_LINE as exc:
-            bad.append(f"line {lineno}: {type(exc).__name__}: {exc}")
+            bad.append(skipped_line(lineno, exc))
             continue
         if name in out:
             s, v, t = out[name]
@@ -1926,6 +1926,11 @@ def parse_column_line(line: bytes) -> tuple[str, list[int], list[float], list[fl
         raise TypeError("a value or time is not a number")
     # Floats (an int too large for one is OverflowError: the line is skipped).
     return name, steps, list(map(float, values)), list(map(float, times))
+
+
+def skipped_line(lineno: int, exc: Exception) -> str:
+    """Why line ``lineno`` of a segment was skipped, for :func:`describe_skipped`."""
+    return f"line {lineno}: {type(exc).__name__}: {exc}"
 
 
 def describe_skipped(bad: Sequence[str]) -> str:

@@ -23,7 +23,12 @@ import numpy as np
 import numpy.typing as npt
 import orjson
 
-from async_tracker.backend.fsspec import UNPARSEABLE_LINE, describe_skipped, parse_column_line
+from async_tracker.backend.fsspec import (
+    UNPARSEABLE_LINE,
+    describe_skipped,
+    parse_column_line,
+    skipped_line,
+)
 
 FloatArray = npt.NDArray[np.float64]
 
@@ -70,7 +75,7 @@ def parse_segment(data: bytes) -> tuple[dict[str, Chunk], str]:
             try:
                 name, int_steps, float_values, float_times = parse_column_line(line)
             except UNPARSEABLE_LINE as exc:
-                bad.append(f"line {lineno}: {type(exc).__name__}: {exc}")
+                bad.append(skipped_line(lineno, exc))
                 continue
             steps = np.asarray(int_steps, np.float64)
             values = np.asarray(float_values, np.float64)

@@ -49,20 +49,23 @@ def test_another_address_than_the_loopback_is_warned_about(store: Path) -> None:
     assert "WARNING: serving on 0.0.0.0, not the loopback" in stderr
 
 
+def ui_failing(*args: str) -> str:
+    """``async-tracker ui ARGS`` that must fail with exit code 2: its stderr."""
+    child = Child("import sys; from async_tracker.cli.main import main; sys.exit(main())",
+                  "ui", *args)  # fmt: skip
+    try:
+        assert child.wait(60) == 2
+        return child.stderr()
+    finally:
+        child.close()
+
+
 def test_a_port_taken_is_a_one_line_error(store: Path) -> None:
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen(1)
         port = taken.getsockname()[1]
-        child = Child(
-            "import sys; from async_tracker.cli.main import main; sys.exit(main())",
-            "ui", "--store", str(store), "--port", str(port),
-        )  # fmt: skip
-        try:
-            assert child.wait(60) == 2
-            stderr = child.stderr()
-        finally:
-            child.close()
+        stderr = ui_failing("--store", str(store), "--port", str(port))
     assert f"cannot serve on 127.0.0.1:{port}" in stderr and "Traceback" not in stderr
 
 
@@ -74,15 +77,7 @@ def test_a_port_taken_is_a_one_line_error(store: Path) -> None:
     ],
 )
 def test_bad_options_are_one_line_errors(store: Path, args: list[str], message: str) -> None:
-    child = Child(
-        "import sys; from async_tracker.cli.main import main; sys.exit(main())",
-        "ui", "--store", str(store), *args,
-    )  # fmt: skip
-    try:
-        assert child.wait(60) == 2
-        stderr = child.stderr()
-    finally:
-        child.close()
+    stderr = ui_failing("--store", str(store), *args)
     assert message in stderr and "Traceback" not in stderr
 
 
