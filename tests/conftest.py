@@ -4,8 +4,9 @@ The ``server`` marker: a test needs a server (``mlflow server``, moto's S3 serve
 beyond ``[test]`` (mlflow, s3, plot) or torchx's virtual environment. It is given here, by the
 fixtures a test uses and by directory, so that new tests get it without asking; a test that
 needs one otherwise (an example that starts its own server) is marked by hand. CI runs the
-whole suite on one Python and ``-m "not server"`` on the others, in venvs holding ``[test]``
-alone, where those tests are deselected and a missing extra skips (``pytest.importorskip``).
+whole suite on one Python and ``-m "not server and not scale"`` on the others (``scale``:
+tests whose cost is their size, marked by hand), in venvs holding ``[test]`` alone, where those
+tests are deselected and a missing extra skips (``pytest.importorskip``).
 
 A run that does not deselect them (``python -m pytest``, the README's command) is meant to run
 everything: there a test skipped for a module it could not import fails instead, naming it.

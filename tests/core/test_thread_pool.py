@@ -222,6 +222,7 @@ def test_runs_on_a_dead_root_do_not_starve_runs_on_another(
         release.set()
 
 
+@pytest.mark.scale
 def test_thousand_runs_on_one_root_share_a_few_threads(
     tmp_path: Path, child: Callable[..., Child]
 ) -> None:

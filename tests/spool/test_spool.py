@@ -101,6 +101,7 @@ def test_sigkill_with_durable_then_recovery_exactly_once(tmp_path: Path) -> None
     assert sorted(metric_steps(files, "job-kill")) == list(range(250))
 
 
+@pytest.mark.scale
 def test_stalled_backend_keeps_memory_bounded_and_delivers_in_order(tmp_path: Path) -> None:
     total, max_buffered, batch_size = 2_000_000, 100_000, 20_000
     release = threading.Event()
