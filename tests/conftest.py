@@ -64,6 +64,11 @@ SERVER_DIRS = (TESTS / "mlflow",)
 
 MISSING_MODULE = "could not import "  # how pytest.importorskip's skips begin
 
+# The tests' models are tiny: one thread each. torch's OpenMP threads otherwise wait for work
+# by spinning, which on CI's 2 cores takes CPU from the suites running beside (tests and their
+# child processes alike: set before torch is imported, inherited by children).
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
 
 @pytest.fixture(autouse=True)
 def clean_env(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:

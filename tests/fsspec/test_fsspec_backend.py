@@ -58,7 +58,9 @@ def test_run_dir_is_torchx_base32(root: Path, tracker: FsspecTracker) -> None:
 
 
 def test_one_flush_writes_a_handful_of_files(root: Path, tracker: FsspecTracker) -> None:
-    with AppRun(RUN, [tracker], batch_size=100_000) as run:
+    # No timed flush: on a loaded machine logging these points outlasts the default interval,
+    # and a timed flush between them would cut a second segment.
+    with AppRun(RUN, [tracker], batch_size=100_000, flush_interval=3600) as run:
         run.add_metadata(lr=0.1)
         run.add_metadata(lr=0.2, bs=32)
         run.add_artifact("model", "/m1")
