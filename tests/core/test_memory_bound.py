@@ -23,6 +23,7 @@ from tests.faulty import BlockLoop, FaultyTracker, Hang
 WRITERS = 16
 
 
+@pytest.mark.scale
 def test_close_under_sixteen_writers_counts_each_record_once_and_leaves_none_in_memory(
     tmp_path: Path, make_run: Callable[..., AppRun]
 ) -> None:
