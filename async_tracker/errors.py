@@ -6,6 +6,7 @@ The hierarchy::
     ├── TrackerClosedError        a write or flush after close()
     ├── TrackerConfigError        a factory, config string or config file that cannot be used
     ├── DeliveryError             close(strict=True) could not deliver everything
+    ├── ReadTimeoutError          a read of a store did not answer within its deadline
     └── BackendError              raised by backends (each failure of their libraries
         │                         mapped once, through :mod:`async_tracker.error_table`)
         ├── TransientBackendError   may pass by itself (a server restarting, a throttled or
@@ -52,6 +53,11 @@ class DeliveryError(TrackerError):
     """Raised by ``close()`` on a strict run when records were not delivered."""
 
 
+class ReadTimeoutError(TrackerError, TimeoutError):
+    """A read of a store (``Store``, a CLI read command, the dashboard) did not answer
+    within its deadline (``timeout=``, ``--timeout``); the message names the store."""
+
+
 class BackendError(TrackerError):
     """A backend failed to store or read records."""
 
@@ -90,6 +96,7 @@ __all__ = [
     "DeliveryError",
     "Kind",
     "PermanentBackendError",
+    "ReadTimeoutError",
     "RecordError",
     "TrackerClosedError",
     "TrackerConfigError",

@@ -28,7 +28,6 @@ from pathlib import Path
 from typing import Any, Literal
 
 import anyio
-import fsspec.core
 from fsspec.implementations.local import LocalFileSystem
 
 from async_tracker.adapters import as_async
@@ -49,12 +48,11 @@ from async_tracker.run import AppRun
 from async_tracker.runtime.process import runtime
 from async_tracker.settings import CLOSE_SLACK_S, RunOptions, init_timeout, silent
 from async_tracker.spool import check_run_id, default_spool_dir, has_spool, spooled_last_steps
+from async_tracker.store.open import DEFAULT_DIR, ENV_DIR, open_store, store_dir
 from async_tracker.tags import check_note, tag_metadata
 
 logger = logging.getLogger(__name__)
 
-ENV_DIR = "ASYNC_TRACKER_DIR"
-DEFAULT_DIR = "./tracker_runs"
 
 Resume = Literal["allow", "never", "must"]
 
@@ -68,28 +66,6 @@ _NOUNS = (
     "galaxy", "harbor", "heron", "lake", "lynx", "maple", "meadow", "moon", "otter", "pine",
     "planet", "river", "sparrow", "star", "storm", "summit", "thunder", "tiger", "valley", "wave",
 )
-
-
-def store_dir(dir: str | os.PathLike[str] | None = None) -> str:
-    """The store ``init`` and the CLI use: ``dir``, else ``$ASYNC_TRACKER_DIR``, else
-    ``./tracker_runs``."""
-    return os.fspath(dir) if dir is not None else os.environ.get(ENV_DIR) or DEFAULT_DIR
-
-
-def open_store(dir: str | os.PathLike[str] | None = None) -> AsyncFsspecTracker:
-    """The fsspec backend over a store path or URL (``s3://bucket/prefix``, ``memory://x``);
-    :class:`TrackerConfigError` in one line for a URL no filesystem takes (an unknown
-    protocol, a missing extra)."""
-    url = store_dir(dir)
-    try:
-        fs, root = fsspec.core.url_to_fs(url)
-    except (ImportError, ValueError, TypeError) as exc:
-        # One line: the user's mistake is the URL, not something in fsspec's stack.
-        raise TrackerConfigError(f"cannot open the store {url!r}: {exc}") from None
-    protocols = (fs.protocol,) if isinstance(fs.protocol, str) else fs.protocol
-    if "file" in protocols:
-        root = os.path.abspath(root)  # the same store whatever the working directory becomes
-    return AsyncFsspecTracker(fs, root)
 
 
 def init(

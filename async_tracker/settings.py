@@ -173,6 +173,26 @@ def init_timeout(timeout: float | None = None) -> float:
 # command retrying forever.
 DEFAULT_SYNC_TIMEOUT_S = 60.0
 
+# How long one read of a store may take (``Store(timeout=)``, the CLI's ``--timeout``, each
+# request of the dashboard) before it fails naming the store: a store that accepts a
+# connection and never answers must not hold a command for minutes.
+DEFAULT_READ_TIMEOUT_S = 30.0
+ENV_READ_TIMEOUT = ENV_PREFIX + "READ_TIMEOUT"
+
+
+def read_timeout(timeout: float | None = None) -> float | None:
+    """``timeout`` if given (``math.inf``: none), else ``$ASYNC_TRACKER_READ_TIMEOUT``, else
+    :data:`DEFAULT_READ_TIMEOUT_S`; ValueError naming it unless it is a number > 0."""
+    if timeout is None:
+        timeout = env_float("READ_TIMEOUT", DEFAULT_READ_TIMEOUT_S)
+        what = f"{ENV_READ_TIMEOUT}={timeout!r}"
+    else:
+        what = f"timeout={timeout!r}"
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
+        raise ValueError(f"{what}: the read timeout must be a number of seconds > 0")
+    return None if timeout == float("inf") else float(timeout)
+
+
 # ``init()`` prints one line on stderr naming the run, its store and how to see it (as W&B
 # and Trackio do); ASYNC_TRACKER_SILENT=1 (or init(quiet=True)) keeps it quiet.
 ENV_SILENT = ENV_PREFIX + "SILENT"

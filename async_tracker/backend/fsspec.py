@@ -2063,3 +2063,12 @@ def create(config_file: str | None) -> FsspecTracker:
             f"({type(exc).__name__}; options given: {sorted(config)})"
         ) from exc
     return FsspecTracker(fs, str(root))
+
+
+def _reader_of(store: AsyncFsspecTracker) -> Any:
+    from async_tracker.backend.fsspec_runreader import FsspecRunReader
+
+    return FsspecRunReader(store)
+
+
+AsyncFsspecTracker.reader = _reader_of  # type: ignore[attr-defined]  # TEMP until split lands

@@ -81,6 +81,7 @@ from async_tracker.records import (
     sort_points,
 )
 from async_tracker.runtime.process import run_blocking
+from async_tracker.store.reader import GenericReader, RunReader
 from async_tracker.tags import split_metadata
 
 try:
@@ -490,6 +491,11 @@ class AsyncTensorBoardTracker(AsyncTrackerBase):
         """How the run ended (``finished``, ``failed``, ``killed``), None while running."""
         records = await self._blocking(self._read_records, run_id)
         return records.status
+
+    def reader(self) -> RunReader:
+        """The read side's view of this log directory: the generic reader (each run read
+        through the tracker API) with the endings the runs recorded."""
+        return TensorBoardReader(self)
 
     # -- writes ---------------------------------------------------------------------------------
     async def write_batch(self, run_id: str, batch: Batch) -> None:
@@ -1007,6 +1013,19 @@ def _append_error(exc: OSError, path: str) -> BackendError:
             f"tensorboard {what} failed: {exc}; the next attempt starts a new event file"
         )
     return map_error(exc, what)
+
+
+class TensorBoardReader(GenericReader):
+    """:class:`~async_tracker.store.reader.GenericReader` over a TensorBoard log directory,
+    with each run's ending as its end record stored it (the time it ended is not kept)."""
+
+    backend: AsyncTensorBoardTracker
+
+    def __init__(self, backend: AsyncTensorBoardTracker) -> None:
+        super().__init__(backend, f"tensorboard {backend.root_dir}")
+
+    async def status(self, run_id: str) -> tuple[str, float | None]:
+        return (await self.backend.run_status(run_id)) or "running", None
 
 
 class TensorBoardTracker(SyncTracker):

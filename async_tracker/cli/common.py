@@ -4,23 +4,22 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import inspect
 import json
+import math
 import os
 import re
 import sys
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any
 
 from fsspec.implementations.local import LocalFileSystem
 
-from async_tracker.adapters import as_sync
-from async_tracker.base import TrackerBase
+from async_tracker.adapters import as_async, as_sync
+from async_tracker.base import AsyncTrackerBase, TrackerBase
 from async_tracker.config import TrackerSpec, configured_trackers, resolve_tracker
-from async_tracker.errors import BackendError
-from async_tracker.init_run import ENV_DIR, open_store, store_dir
-from async_tracker.runtime.process import runtime
-from async_tracker.store.runs import newest_first, read_runs
+from async_tracker.errors import BackendError, ReadTimeoutError
+from async_tracker.store.open import ENV_DIR, open_reader, open_store, store_dir
+from async_tracker.store.runs import newest_first
+from async_tracker.store.sync_reader import Reader
 
 # Exit codes: 2 is a usage problem (argparse's own code too), 1 a store that failed us.
 EXIT_USAGE = 2
@@ -49,26 +48,52 @@ def tracker_specs(args: argparse.Namespace) -> list[TrackerSpec]:
 
 
 def tracker_and_label(args: argparse.Namespace) -> tuple[TrackerBase, str]:
-    """The tracker to read, and what to call it in an error: ``--tracker``/``--config`` if
-    given, else ``--store``, else the first tracker configured the torchx way, else the
-    default store (``init``'s: ``$ASYNC_TRACKER_DIR`` or ``./tracker_runs``)."""
-    # A read-only command builds the tracker and never closes it: closing some backends
-    # has effects (MLflow's marks a run finished), and the process exits right after.
+    """The tracker a command writes to (``tag``, ``rm``), and what to call it in an error:
+    see :func:`backend_and_label`."""
+    backend, label = backend_and_label(args)
+    return as_sync(backend), label
+
+
+def reader_for(args: argparse.Namespace) -> Reader:
+    """The reader of the store a read command reads (see :func:`backend_and_label`), each
+    read bounded by ``--timeout``."""
+    backend, label = backend_and_label(args)
+    timeout = getattr(args, "timeout", None)
+    return open_reader(backend, timeout=timeout, label=label)
+
+
+def backend_and_label(args: argparse.Namespace) -> tuple[AsyncTrackerBase, str]:
+    """The backend to read: ``--tracker``/``--config`` if given, else ``--store``, else the
+    first tracker configured the torchx way, else the default store (``init``'s:
+    ``$ASYNC_TRACKER_DIR`` or ``./tracker_runs``)."""
+    # A command builds the backend and never closes it: closing some backends has effects
+    # (MLflow's marks a run finished), and the process exits right after.
     if args.tracker or args.config:
         spec = tracker_specs(args)[0]
-        return as_sync(spec.build()), f"tracker {spec.name!r}"
+        return as_async(spec.build()), f"tracker {spec.name!r}"
     store = getattr(args, "store", None)
     if store is None:
         specs = configured_trackers()
         if specs:
-            return as_sync(specs[0].build()), f"tracker {specs[0].name!r}"
+            return as_async(specs[0].build()), f"tracker {specs[0].name!r}"
     url = store_dir(store)
     backend = open_store(url)
     if isinstance(backend.fs, LocalFileSystem):
         _check_local_store(backend.root_dir, url, explicit=store is not None or bool(
             os.environ.get(ENV_DIR)
         ))
-    return as_sync(backend), f"store {url}"
+    return backend, f"store {url}"
+
+
+def timeout_arg(text: str) -> float:
+    """``--timeout``: a number of seconds > 0 (``inf``: no deadline)."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds > 0")
+    return value
 
 
 def _check_local_store(root: str, url: str, explicit: bool) -> None:
@@ -97,6 +122,8 @@ def read_or_fail(label: str) -> Iterator[None]:
     """Turns a failed read of the store (unreachable, refused) into one line naming it."""
     try:
         yield
+    except ReadTimeoutError as exc:
+        raise StoreError(str(exc)) from None
     except (BackendError, OSError) as exc:
         reason = " ".join(str(exc).split()) or type(exc).__name__
         if len(reason) > 200:
@@ -104,10 +131,10 @@ def read_or_fail(label: str) -> Iterator[None]:
         raise StoreError(f"cannot read the {label}: {reason}") from exc
 
 
-def resolve_run(tracker: TrackerBase, run_id: str, ids: Sequence[str] | None = None) -> str:
+def resolve_run(reader: Reader, run_id: str, ids: Sequence[str] | None = None) -> str:
     """``run_id`` if the store holds it, else the one run whose id starts with it; a
     :class:`CliError` when none or several do."""
-    known = list(tracker.run_ids()) if ids is None else list(ids)
+    known = reader.run_ids() if ids is None else list(ids)
     if run_id in known:
         return run_id
     matches = sorted(i for i in known if i.startswith(run_id))
@@ -131,12 +158,12 @@ def run_name(run_id: str) -> str | None:
     return run_id[: match.start()] if match else None
 
 
-def resolve_runs(tracker: TrackerBase, run_ids: Sequence[str]) -> list[str]:
+def resolve_runs(reader: Reader, run_ids: Sequence[str]) -> list[str]:
     """Each of ``run_ids`` resolved, duplicates dropped: a run id; else a run name
     (``mnist/lr-0.1``: ``init()``'s id without its 6 hex digits), the newest run of that name
     when several have it (said on stderr, one line); else a unique prefix (see
     :func:`resolve_run`)."""
-    known = list(tracker.run_ids())
+    known = reader.run_ids()
     by_name: dict[str, list[str]] = {}
     for run_id in known:
         name = run_name(run_id)
@@ -148,7 +175,7 @@ def resolve_runs(tracker: TrackerBase, run_ids: Sequence[str]) -> list[str]:
         if len(named) > 1:
             # Like `wandb` and MLflow's UI, a name means its latest run: running a script
             # twice must not make the README's `compare NAME NAME` fail.
-            newest = _newest(tracker, named)
+            newest = _newest(reader, named)
             warn(
                 f"{wanted!r} is the name of {len(named)} runs: using the newest, {newest} "
                 "(give a run id to pick another)"
@@ -157,35 +184,20 @@ def resolve_runs(tracker: TrackerBase, run_ids: Sequence[str]) -> list[str]:
         elif named:
             resolved.append(named[0])
         else:
-            resolved.append(resolve_run(tracker, wanted, known))
+            resolved.append(resolve_run(reader, wanted, known))
     return list(dict.fromkeys(resolved))
 
 
-def _newest(tracker: TrackerBase, run_ids: Sequence[str]) -> str:
+def _newest(reader: Reader, run_ids: Sequence[str]) -> str:
     """The run of ``run_ids`` that started last (by the store's summaries)."""
     wanted = set(run_ids)
-    runs = newest_first([r for r in read_runs(tracker) if r.run_id in wanted])
+    runs = newest_first([r for r in reader.run_summaries() if r.run_id in wanted])
     return runs[0].run_id if runs else sorted(run_ids)[-1]
 
 
-def check_known(tracker: TrackerBase, run_id: str) -> str:
+def check_known(reader: Reader, run_id: str) -> str:
     """The run id ``run_id`` names (itself, or the one run it is a unique prefix of)."""
-    return resolve_run(tracker, run_id)
-
-
-def run_status(tracker: TrackerBase, run_id: str) -> tuple[str, float | None] | None:
-    """``(status, time it ended)`` when the backend records how runs end, else None."""
-    inner = getattr(tracker, "async_tracker", tracker)
-    read: Callable[[str], Any] | None = getattr(inner, "run_status", None)
-    if not callable(read):
-        return None
-    if inspect.iscoroutinefunction(read):
-        result = runtime().loop.call(read, run_id)
-    else:
-        result = read(run_id)
-    if isinstance(result, tuple):
-        return result[0], result[1]
-    return ("running" if result is None else str(result)), None  # TensorBoard's: a str
+    return resolve_run(reader, run_id)
 
 
 def table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
@@ -215,16 +227,16 @@ def to_json(data: object, indent: int | None = 2) -> str:
     return json.dumps(data, indent=indent, default=str)
 
 
-Query = Callable[[TrackerBase, argparse.Namespace], "tuple[object, str]"]
+Query = Callable[[Reader, argparse.Namespace], "tuple[object, str]"]
 
 
 def run_query(query: Query) -> Callable[[argparse.Namespace], int]:
     """A command that reads the store: ``query`` returns (data for --json, text for humans)."""
 
     def command(args: argparse.Namespace) -> int:
-        tracker, label = tracker_and_label(args)
-        with read_or_fail(label):
-            data, text = query(tracker, args)
+        reader = reader_for(args)
+        with read_or_fail(reader.label):
+            data, text = query(reader, args)
         print(to_json(data) if args.json else text)
         return 0
 

@@ -24,19 +24,18 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import IO, Any
 
-from async_tracker.base import TrackerBase
 from async_tracker.cli.common import (
     CliError,
     read_or_fail,
+    reader_for,
     resolve_runs,
-    run_status,
     to_json,
-    tracker_and_label,
     warn,
 )
 from async_tracker.cli.query import read_metrics
 from async_tracker.records import Batch, TrackerMetric
 from async_tracker.runtime.process import runtime
+from async_tracker.store.sync_reader import Reader
 
 
 def _tensorboard_backend() -> Any:
@@ -47,14 +46,14 @@ def _tensorboard_backend() -> Any:
         raise CliError(f"export tensorboard: {exc}") from exc
 
 
-def read_batch(t: TrackerBase, run_id: str) -> Batch:
+def read_batch(t: Reader, run_id: str) -> Batch:
     """Everything the store holds of a run, as one batch (a run's first flush)."""
     metrics = [p for pts in read_metrics(t, run_id).values() for p in pts]
     return Batch(
         seq=1,
         metadata=dict(t.metadata(run_id)),
         artifacts=dict(t.artifacts(run_id)),
-        sources=list(t.sources(run_id)),
+        sources=list(t.lineage(run_id).parents),
         metrics=metrics,
         records=1,
     )
@@ -62,16 +61,16 @@ def read_batch(t: TrackerBase, run_id: str) -> Batch:
 
 def cmd_export_tensorboard(args: argparse.Namespace) -> int:
     tensorboard = _tensorboard_backend()
-    tracker, label = tracker_and_label(args)
+    reader = reader_for(args)
     out = Path(args.out)
-    with read_or_fail(label):
-        run_ids = resolve_runs(tracker, args.RUN_ID)
-        runs = [(r, read_batch(tracker, r), run_status(tracker, r)) for r in run_ids]
+    with read_or_fail(reader.label):
+        run_ids = resolve_runs(reader, args.RUN_ID)
+        runs = [(r, read_batch(reader, r), reader.status(r)) for r in run_ids]
     writer = tensorboard.AsyncTensorBoardTracker(out)
     loop = runtime().loop
     exported = []
     for run_id, batch, ended in runs:
-        status, end_time = ended if ended else ("running", None)
+        status, end_time = ended
         # A run still going gets no ending it did not have; nor does a crashed one (it never
         # ended: TensorBoard's reader knows only the endings a run records). An ending goes
         # as the batch's end record, with the time the run ended, not the export's.
@@ -126,10 +125,10 @@ def _output(out: str) -> Iterator[IO[str]]:
 
 def cmd_export_csv(args: argparse.Namespace) -> int:
     names = metric_names(args.metrics)
-    tracker, label = tracker_and_label(args)
-    with read_or_fail(label):
-        run_ids = resolve_runs(tracker, args.RUN_ID)
-        runs = [(r, dict(read_metrics(tracker, r))) for r in run_ids]
+    reader = reader_for(args)
+    with read_or_fail(reader.label):
+        run_ids = resolve_runs(reader, args.RUN_ID)
+        runs = [(r, dict(read_metrics(reader, r))) for r in run_ids]
     for name in names or ():
         if not any(name in curves for _, curves in runs):
             warn(f"export csv: no run exported has a metric {name!r}")

@@ -35,7 +35,14 @@ from collections.abc import Sequence
 
 import async_tracker
 from async_tracker.cli import export, plot, query, rm, run, sync, tag, ui
-from async_tracker.cli.common import EXIT_FAILURE, EXIT_USAGE, CliError, StoreError, warn
+from async_tracker.cli.common import (
+    EXIT_FAILURE,
+    EXIT_USAGE,
+    CliError,
+    StoreError,
+    timeout_arg,
+    warn,
+)
 from async_tracker.errors import TrackerError
 
 EXIT_INTERRUPTED = 130
@@ -49,6 +56,9 @@ def parser() -> argparse.ArgumentParser:
     common.add_argument("--config", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
     common.add_argument("--json", action="store_true", default=argparse.SUPPRESS, help="print JSON")
     common.add_argument("--store", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+    common.add_argument(
+        "--timeout", type=timeout_arg, default=argparse.SUPPRESS, help=argparse.SUPPRESS
+    )
 
     p = argparse.ArgumentParser(
         prog="async-tracker",
@@ -66,6 +76,14 @@ def parser() -> argparse.ArgumentParser:
         "./tracker_runs, unless trackers are configured the torchx way)",
     )
     p.add_argument("--json", action="store_true", help="print JSON instead of tables")
+    p.add_argument(
+        "--timeout",
+        type=timeout_arg,
+        metavar="SECONDS",
+        help="how long each read of the store may take before the command fails naming it "
+        "(default: $ASYNC_TRACKER_READ_TIMEOUT, else 30); for sync, how long each spooled "
+        "run is tried (default: 60); for tag, also how long the change may take to store",
+    )
     p.add_argument("--version", action="version", version=f"async-tracker {_version()}")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
     query.register(sub, common)

@@ -12,9 +12,9 @@ from pathlib import Path
 from async_tracker.cli.common import (
     CliError,
     read_or_fail,
+    reader_for,
     resolve_runs,
     to_json,
-    tracker_and_label,
 )
 from async_tracker.cli.query import read_metrics
 from async_tracker.plotting import MISSING_MATPLOTLIB, draw, select
@@ -31,10 +31,10 @@ def cmd_plot(args: argparse.Namespace) -> int:
         import matplotlib  # noqa: F401  # checked before reading the store: fail fast
     except ImportError as exc:
         raise CliError(MISSING_MATPLOTLIB) from exc
-    tracker, label = tracker_and_label(args)
-    with read_or_fail(label):
-        run_ids = resolve_runs(tracker, args.RUN_ID)
-        curves = {run_id: read_metrics(tracker, run_id) for run_id in run_ids}
+    reader = reader_for(args)
+    with read_or_fail(reader.label):
+        run_ids = resolve_runs(reader, args.RUN_ID)
+        curves = {run_id: read_metrics(reader, run_id) for run_id in run_ids}
     try:
         metrics = select(curves, args.metric)
         fig = draw(curves, metrics)

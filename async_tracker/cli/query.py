@@ -9,10 +9,9 @@ from __future__ import annotations
 import argparse
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
-from async_tracker.base import TrackerBase
 from async_tracker.cli.common import (
     CliError,
     cell,
@@ -25,13 +24,14 @@ from async_tracker.cli.common import (
 )
 from async_tracker.records import TrackerMetric, TrackerSource
 from async_tracker.store.expr import FilterError, differing_params
-from async_tracker.store.runs import read_runs, select
+from async_tracker.store.runs import select
 from async_tracker.store.summary import MetricSummary, RunSummary
+from async_tracker.store.sync_reader import Reader
 from async_tracker.tags import split_metadata
 
 
-def cmd_jobs(t: TrackerBase, args: argparse.Namespace) -> tuple[object, str]:
-    runs = read_runs(t)
+def cmd_jobs(t: Reader, args: argparse.Namespace) -> tuple[object, str]:
+    runs = t.run_summaries()
     if args.parent_run_id:
         children = set(t.run_ids(parent_run_id=args.parent_run_id))
         runs = [r for r in runs if r.run_id in children]
@@ -75,11 +75,11 @@ MAX_PARAMS = 6
 DEFAULT_LIMIT = 50
 
 
-def run_row(t: TrackerBase, run_id: str) -> dict[str, Any]:
+def run_row(t: Reader, run_id: str) -> dict[str, Any]:
     """:func:`summary_row` of the run ``run_id`` (a CliError if the store lacks it)."""
-    for r in read_runs(t):
-        if r.run_id == run_id:
-            return summary_row(r)
+    r = t.run_summary(run_id)
+    if r is not None:
+        return summary_row(r)
     raise CliError(f"unknown run id {run_id!r}: `async-tracker list jobs` lists the runs")
 
 
@@ -125,13 +125,13 @@ def _duration(seconds: float | None) -> str:
     return f"{hours}h{minutes:02d}m" if hours else f"{minutes}m{secs:02d}s"
 
 
-def cmd_metadata(t: TrackerBase, args: argparse.Namespace) -> tuple[object, str]:
+def cmd_metadata(t: Reader, args: argparse.Namespace) -> tuple[object, str]:
     # Tags and the note are reserved keys of the metadata: list jobs and tag show them.
     md = split_metadata(t.metadata(check_known(t, args.RUN_ID)))[0]
     return md, table(["ID", "VALUE"], [[k, v] for k, v in md.items()])
 
 
-def cmd_artifacts(t: TrackerBase, args: argparse.Namespace) -> tuple[object, str]:
+def cmd_artifacts(t: Reader, args: argparse.Namespace) -> tuple[object, str]:
     run_id = check_known(t, args.RUN_ID)
     arts = [a for a in t.artifacts(run_id).values() if not args.artifact or a.name == args.artifact]
     data = [{"name": a.name, "path": a.path, "metadata": a.metadata} for a in arts]
@@ -139,13 +139,10 @@ def cmd_artifacts(t: TrackerBase, args: argparse.Namespace) -> tuple[object, str
     return data, table(["ARTIFACT", "PATH", "METADATA"], rows)
 
 
-def read_metrics(t: TrackerBase, run_id: str) -> dict[str, Sequence[TrackerMetric]]:
-    """A run's metric curves, or a :class:`CliError` when the tracker keeps no metrics (a
-    plain torchx ``TrackerBase``)."""
-    read: Callable[[str], Any] | None = getattr(t, "metrics", None)
-    if not callable(read):
-        raise CliError(f"tracker {t!r} does not store metrics")
-    return {name: pts for name, pts in read(run_id).items() if pts}
+def read_metrics(t: Reader, run_id: str) -> dict[str, Sequence[TrackerMetric]]:
+    """A run's metric curves (none from a tracker that keeps no metrics: a plain torchx
+    ``TrackerBase``)."""
+    return {name: pts for name, pts in t.metrics(run_id).items() if pts}
 
 
 def metric_summary(points: Sequence[TrackerMetric]) -> dict[str, Any]:
@@ -159,7 +156,7 @@ def metric_summary(points: Sequence[TrackerMetric]) -> dict[str, Any]:
     }
 
 
-def cmd_metrics(t: TrackerBase, args: argparse.Namespace) -> tuple[object, str]:
+def cmd_metrics(t: Reader, args: argparse.Namespace) -> tuple[object, str]:
     run_id = check_known(t, args.RUN_ID)
     summary = {name: metric_summary(pts) for name, pts in read_metrics(t, run_id).items()}
     rows = [
@@ -172,7 +169,7 @@ def cmd_metrics(t: TrackerBase, args: argparse.Namespace) -> tuple[object, str]:
 
 
 def _walk(
-    t: TrackerBase, edge: TrackerSource, key: str, depth: int, path: frozenset[str]
+    t: Reader, edge: TrackerSource, key: str, depth: int, path: frozenset[str]
 ) -> dict[str, Any]:
     """One edge and, ``depth`` levels on, the edges of the run it points to. ``path`` holds
     the runs above, so a cycle in the store ends the walk instead of looping."""
@@ -201,7 +198,7 @@ def _tree_lines(nodes: Sequence[dict[str, Any]], key: str, prefix: str) -> list[
     return lines
 
 
-def cmd_lineage(t: TrackerBase, args: argparse.Namespace) -> tuple[object, str]:
+def cmd_lineage(t: Reader, args: argparse.Namespace) -> tuple[object, str]:
     if args.depth < 1:
         raise CliError(f"--depth must be at least 1, got {args.depth}")
     run_id = args.RUN_ID
@@ -226,7 +223,7 @@ def cmd_lineage(t: TrackerBase, args: argparse.Namespace) -> tuple[object, str]:
 # -- compare ---------------------------------------------------------------------------------
 
 
-def cmd_compare(t: TrackerBase, args: argparse.Namespace) -> tuple[object, str]:
+def cmd_compare(t: Reader, args: argparse.Namespace) -> tuple[object, str]:
     run_ids = resolve_runs(t, args.RUN_ID)
     params = {r: split_metadata(t.metadata(r))[0] for r in run_ids}
     keys = list(dict.fromkeys(k for md in params.values() for k in md))

@@ -12,22 +12,27 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 
-from async_tracker.adapters import as_sync
-from async_tracker.base import AsyncTrackerBase, TrackerBase
+from async_tracker.adapters import as_async
+from async_tracker.base import AsyncTrackerBase
 from async_tracker.cli.common import (
     EXIT_FAILURE,
     StoreError,
+    backend_and_label,
     read_or_fail,
     resolve_run,
     to_json,
-    tracker_and_label,
 )
 from async_tracker.config import configured_trackers
 from async_tracker.errors import BackendError
 from async_tracker.runtime.process import runtime
+from async_tracker.settings import CRASHED_AFTER_BEATS
 from async_tracker.spool import default_spool_dir, remove_run_spool
+from async_tracker.store.open import open_reader
+from async_tracker.store.sync_reader import Reader
 
 DELETED = "deleted"
 NOT_FOUND = "not found"
@@ -36,10 +41,11 @@ COULD_NOT = "could not"
 
 @dataclass
 class Place:
-    """A store to delete from: its tracker, its name in the output, the run ids it holds
-    (None when it could not be listed, ``error`` then says why)."""
+    """A store to delete from: its backend and reader, its name in the output, the run ids
+    it holds (None when it could not be listed, ``error`` then says why)."""
 
-    tracker: TrackerBase
+    backend: AsyncTrackerBase
+    reader: Reader
     label: str
     ids: list[str] | None
     error: str = ""
@@ -61,33 +67,43 @@ def places(args: argparse.Namespace) -> list[Place]:
     """Every store to delete from, each listed (a store that cannot be listed is kept, with
     its error, so that the runs it may hold are reported as not deleted there)."""
     if args.tracker or args.config or getattr(args, "store", None) is not None:
-        trackers = [tracker_and_label(args)]
+        backends = [backend_and_label(args)]
     else:
         specs = configured_trackers()
         if specs:
-            trackers = [(as_sync(s.build()), f"tracker {s.name!r}") for s in specs]
+            backends = [(as_async(s.build()), f"tracker {s.name!r}") for s in specs]
         else:
-            trackers = [tracker_and_label(args)]  # the default store
+            backends = [backend_and_label(args)]  # the default store
     out = []
-    for tracker, label in trackers:
+    timeout = getattr(args, "timeout", None)
+    for backend, label in backends:
+        reader = open_reader(backend, timeout=timeout, label=label)
         try:
             with read_or_fail(label):
-                out.append(Place(tracker, label, list(tracker.run_ids())))
+                out.append(Place(backend, reader, label, reader.run_ids()))
         except StoreError as exc:
-            out.append(Place(tracker, label, None, str(exc)))
+            out.append(Place(backend, reader, label, None, str(exc)))
     return out
 
 
-def delete_on(tracker: TrackerBase, run_id: str) -> bool:
-    """Deletes ``run_id`` from ``tracker``'s store; False if its backend cannot delete runs
-    (a plain torchx ``TrackerBase``, a backend without ``delete_run``)."""
-    inner = getattr(tracker, "async_tracker", tracker)
-    if not isinstance(inner, AsyncTrackerBase):
+def live_writers(place: Place, run_id: str, now: float) -> list[str]:
+    """The writers of ``run_id`` in ``place`` whose heartbeat is recent (a process still
+    writing the run: deleting it under that process would only lose what it writes
+    next)."""
+    if place.reader.status(run_id)[0] != "running":
+        return []
+    beats = place.reader.writers(run_id)
+    return [w for w, beat in beats.items() if _beating(beat, now)]
+
+
+def _beating(beat: Mapping[str, object], now: float) -> bool:
+    when, every = beat.get("time"), beat.get("interval_s")
+    if not isinstance(when, (int, float)) or not isinstance(every, (int, float)):
         return False
-    return bool(runtime().loop.call(inner.delete_run, run_id))
+    return now - when <= CRASHED_AFTER_BEATS * every
 
 
-def delete_run(run_id: str, stores: list[Place]) -> list[Outcome]:
+def delete_run(run_id: str, stores: list[Place], force: bool = False) -> list[Outcome]:
     outcomes = []
     for place in stores:
         if place.ids is None:
@@ -97,7 +113,18 @@ def delete_run(run_id: str, stores: list[Place]) -> list[Outcome]:
             outcomes.append(Outcome(run_id, place.label, NOT_FOUND))
             continue
         try:
-            deleted = delete_on(place.tracker, run_id)
+            with read_or_fail(place.label):
+                live = [] if force else live_writers(place, run_id, time.time())
+            if live:
+                outcomes.append(Outcome(run_id, place.label, COULD_NOT, (
+                    f"a live process is writing it ({', '.join(live)}); stop it first, or "
+                    "rm --force deletes it anyway (what it writes next makes the run anew)"
+                )))  # fmt: skip
+                continue
+            deleted = bool(runtime().loop.call(place.backend.delete_run, run_id))
+        except StoreError as exc:
+            outcomes.append(Outcome(run_id, place.label, COULD_NOT, str(exc)))
+            continue
         except (BackendError, OSError) as exc:
             reason = " ".join(str(exc).split()) or type(exc).__name__
             outcomes.append(Outcome(run_id, place.label, COULD_NOT, reason))
@@ -154,7 +181,7 @@ def cmd_rm(args: argparse.Namespace) -> int:
     if not listed:
         raise StoreError("; ".join(p.error for p in stores))
     known = list(dict.fromkeys(i for p in listed for i in p.ids or ()))
-    run_ids = list(dict.fromkeys(resolve_run(listed[0].tracker, r, known) for r in args.RUN_ID))
+    run_ids = list(dict.fromkeys(resolve_run(listed[0].reader, r, known) for r in args.RUN_ID))
     if not args.yes:
         answer = confirm(run_ids, stores)
         if answer is None:
@@ -164,7 +191,7 @@ def cmd_rm(args: argparse.Namespace) -> int:
         if not answer:
             print("nothing deleted", file=sys.stderr)
             return 0
-    outcomes = [o for r in run_ids for o in delete_run(r, stores)]
+    outcomes = [o for r in run_ids for o in delete_run(r, stores, args.force)]
     if args.json:
         print(to_json([vars(o) for o in outcomes]))
     else:
@@ -190,4 +217,10 @@ def register(
     )
     p.add_argument("RUN_ID", nargs="+", help="runs to delete (ids or unique prefixes)")
     p.add_argument("-y", "--yes", action="store_true", help="delete without asking")
+    p.add_argument(
+        "--force",
+        action="store_true",
+        help="delete a run even while a live process writes it (by default such a run is "
+        "left alone, and the command says which process writes it)",
+    )
     p.set_defaults(func=cmd_rm)

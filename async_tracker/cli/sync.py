@@ -57,22 +57,22 @@ def cmd_sync(args: argparse.Namespace) -> int:
         spool_dir = Path(importlib.import_module("async_tracker.spool").default_spool_dir())
     if not spool_dir.is_dir():
         raise CliError(f"no spool directory at {str(spool_dir)!r}")
-    if not args.timeout > 0:
-        raise CliError(f"--timeout must be a number of seconds > 0, got {args.timeout:g}")
+    # --timeout here: how long each run is tried before its records are left in the spool.
+    timeout = getattr(args, "timeout", None) or DEFAULT_SYNC_TIMEOUT_S
     target = args.to or getattr(args, "store", None)
     if target:
         to = target_tracker(target)
-        result = sync.sync_spool(spool_dir, {}, timeout=args.timeout, out=sys.stderr, to=to)
+        result = sync.sync_spool(spool_dir, {}, timeout=timeout, out=sys.stderr, to=to)
     else:
         trackers = {spec.name: spec.build() for spec in tracker_specs(args)}
-        result = sync.sync_spool(spool_dir, trackers, timeout=args.timeout, out=sys.stderr)
+        result = sync.sync_spool(spool_dir, trackers, timeout=timeout, out=sys.stderr)
     left = {key: r for key, r in result.reports.items() if not r.ok}
     if left:
         records = sum(r.spooled + r.pending for r in left.values())
         errors = [str(e) for r in left.values() for e in r.errors.values() if e]
         why = f" (last error: {' '.join(errors[-1].split())[:200]})" if errors else ""
         warn(
-            f"gave up on {len(left)} run(s) after {args.timeout:g} s each: {records} records "
+            f"gave up on {len(left)} run(s) after {timeout:g} s each: {records} records "
             f"stay in the spool {spool_dir}{why}; run the same sync again when the store "
             "is reachable (--timeout S waits longer)"
         )
@@ -126,13 +126,5 @@ def register(
         metavar="URL|FACTORY",
         help="replay every spooled run into this store (a path or fsspec URL) or backend "
         "factory (tensorboard, mlflow, module:attr), whatever backend it was spooled for",
-    )
-    p.add_argument(
-        "--timeout",
-        type=float,
-        default=DEFAULT_SYNC_TIMEOUT_S,
-        metavar="S",
-        help="seconds to try each run before giving up on it, its records left in the spool "
-        f"(default: {DEFAULT_SYNC_TIMEOUT_S:g})",
     )
     p.set_defaults(func=cmd_sync)

@@ -16,6 +16,7 @@ from async_tracker.cli.common import (
     CliError,
     check_known,
     read_or_fail,
+    reader_for,
     to_json,
     tracker_and_label,
     warn,
@@ -52,9 +53,13 @@ def cmd_tag(args: argparse.Namespace) -> int:
         except ValueError as exc:
             raise CliError(str(exc)) from None
     tracker, label = tracker_and_label(args)
+    reader = reader_for(args)
+    # --timeout bounds the reads and how long the change may take to reach the store;
+    # what it does not take by then stays in the spool.
+    timeout = reader.timeout
     code = 0
     with read_or_fail(label):
-        run_id = check_known(tracker, args.RUN_ID)
+        run_id = check_known(reader, args.RUN_ID)
         if add or remove or note is not None:
             # A writer of the run that is not its job: no end record at close (_replay, as
             # `sync` does: the job ends its run) and no heartbeat (the run is not alive
@@ -70,10 +75,10 @@ def cmd_tag(args: argparse.Namespace) -> int:
                     run.remove_tags(*remove)
                 if note is not None:
                     run.set_note(note)
-                report = run.flush(args.timeout)
+                report = run.flush(timeout)
                 tags, note_now = run.tags(), run.note()
             finally:
-                report = run.close(args.timeout)
+                report = run.close(timeout)
             if not report.ok:
                 warn(
                     f"run {run_id!r}: the change is not stored yet ({report}); "
@@ -81,7 +86,7 @@ def cmd_tag(args: argparse.Namespace) -> int:
                 )
                 code = EXIT_FAILURE
         else:
-            _, tags, note_now = split_metadata(tracker.metadata(run_id))
+            _, tags, note_now = split_metadata(reader.metadata(run_id))
     if args.json:
         print(to_json({"run_id": run_id, "tags": sorted(tags), "note": note_now}))
     else:
@@ -120,10 +125,5 @@ def register(
     p.add_argument("--note", metavar="TEXT", help="set the run's note ('' clears it)")
     p.add_argument("--add", action="append", metavar="TAG", help="add TAG (as +TAG)")
     p.add_argument("--remove", action="append", metavar="TAG", help="remove TAG (as -TAG)")
-    p.add_argument(
-        "--timeout", type=float, default=30.0, metavar="S",
-        help="seconds to wait for the store (default: 30); what it does not take by then "
-        "stays in the spool",
-    )  # fmt: skip
     # "-TAG" words reach the command as unknown options (see main.parse).
     p.set_defaults(func=cmd_tag, takes_extra=True)

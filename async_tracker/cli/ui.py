@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from async_tracker.cli.common import CliError, tracker_and_label
+from async_tracker.cli.common import CliError, reader_for
 
 MISSING_UI = "the dashboard needs its extra: pip install 'async-tracker[ui]'"
 
@@ -19,12 +19,12 @@ def cmd_ui(args: argparse.Namespace) -> int:
         raise CliError(f"--port must be 0 (a free port) to 65535, got {args.port}")
     if args.preload is not None and args.preload < 0:
         raise CliError(f"--preload must be 0 (none) or more points, got {args.preload}")
-    tracker, label = tracker_and_label(args)
+    reader = reader_for(args)
     try:
         # The store is first read on the first request (its errors go to the page); what
         # fails here is the address (a port taken, a host not ours).
         preload = PRELOAD_POINTS if args.preload is None else args.preload
-        server.serve(host=args.host, port=args.port, tracker=tracker, label=label, preload=preload)
+        server.serve(host=args.host, port=args.port, reader=reader, preload=preload)
     except OSError as exc:
         raise CliError(f"cannot serve on {args.host}:{args.port}: {exc.strerror or exc}") from exc
     return 0

@@ -18,13 +18,14 @@ import os
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from async_tracker.adapters import as_sync
-from async_tracker.base import TrackerBase
-from async_tracker.init_run import open_store
-from async_tracker.records import TrackerMetric
-from async_tracker.runtime.process import runtime
-from async_tracker.store.runs import read_runs, select
+import numpy as np
+
+from async_tracker.adapters import TrackerLike
+from async_tracker.base import AsyncTrackerBase
+from async_tracker.store.open import open_reader
+from async_tracker.store.runs import select
 from async_tracker.store.summary import RunSummary
+from async_tracker.store.sync_reader import Reader
 
 # The columns of Store.metrics(), one row per point.
 METRIC_COLUMNS = ("run", "name", "step", "value", "time")
@@ -35,19 +36,27 @@ class Store:
 
     Args:
         url: the store; default ``$ASYNC_TRACKER_DIR``, else ``./tracker_runs``.
-        tracker: instead of ``url``, any torchx ``TrackerBase`` (an MLflow or TensorBoard
-            backend, a plug-in): read run by run through the tracker API.
+        tracker: instead of ``url``, any backend (an MLflow or TensorBoard backend, a torchx
+            ``TrackerBase`` plug-in): read through its reader (see
+            :mod:`async_tracker.store.reader`).
+        timeout: how long each read may take, in seconds (default
+            ``$ASYNC_TRACKER_READ_TIMEOUT``, else 30); past it
+            :class:`~async_tracker.errors.ReadTimeoutError` names the store.
     """
 
     def __init__(
-        self, url: str | os.PathLike[str] | None = None, *, tracker: TrackerBase | None = None
+        self,
+        url: str | os.PathLike[str] | None = None,
+        *,
+        tracker: AsyncTrackerBase | TrackerLike | None = None,
+        timeout: float | None = None,
     ) -> None:
         if tracker is not None and url is not None:
             raise ValueError("Store takes a url or a tracker, not both")
-        self.tracker: TrackerBase = tracker if tracker is not None else as_sync(open_store(url))
+        self.reader: Reader = open_reader(tracker if tracker is not None else url, timeout=timeout)
 
     def __repr__(self) -> str:
-        return f"Store({self.tracker!r})"
+        return f"Store({self.reader.label!r})"
 
     def runs(
         self, filter: str | None = None, sort: str | None = None, limit: int | None = None
@@ -58,12 +67,12 @@ class Store:
         column."""
         if limit is not None and limit < 0:
             raise ValueError(f"limit must be None or >= 0, got {limit}")
-        return select(read_runs(self.tracker), filter, sort, limit)[0]
+        return select(self.reader.run_summaries(), filter, sort, limit)[0]
 
     def run(self, run_id: str) -> RunSummary:
         """The summary of ``run_id``, or of the one run whose id starts with it; ``KeyError``
         naming the candidates otherwise."""
-        runs = read_runs(self.tracker)
+        runs = self.reader.run_summaries()
         exact = [r for r in runs if r.run_id == run_id]
         if exact:
             return exact[0]
@@ -86,30 +95,33 @@ class Store:
         An unknown run id raises ``KeyError``."""
         ids = [run_ids] if isinstance(run_ids, str) else list(run_ids)
         wanted = None if names is None else set(names)
-        rows: list[tuple[str, str, int, float, float]] = []
+        parts: list[tuple[str, str, Any]] = []
         for run_id in ids:
-            # Every tracker of ours reads metrics; a plain torchx TrackerBase has none.
-            read = getattr(self.tracker, "metrics", None)
-            curves: dict[str, Sequence[TrackerMetric]] = dict(read(run_id)) if read else {}
-            if not curves and not self._exists(run_id):
+            curves = self.reader.scalars(run_id, wanted).curves
+            if not curves and not self.reader.run_exists(run_id):
                 raise KeyError(f"no run {run_id!r} in {self!r}")
-            for name, points in curves.items():
-                if wanted is None or name in wanted:
-                    rows.extend((run_id, name, p.step, p.value, p.timestamp) for p in points)
+            parts.extend((run_id, name, points) for name, points in curves.items())
         try:
             import pandas
         except ImportError:
-            return [dict(zip(METRIC_COLUMNS, row)) for row in rows]
-        return pandas.DataFrame.from_records(rows, columns=list(METRIC_COLUMNS))
+            return [
+                dict(zip(METRIC_COLUMNS, (run, name, s, v, t)))
+                for run, name, p in parts
+                for s, v, t in zip(p.steps.tolist(), p.values.tolist(), p.times.tolist())
+            ]
+        # Columns made whole by numpy: no Python object per point.
+        lengths = [len(p) for _, _, p in parts]
+        return pandas.DataFrame({
+            "run": np.repeat(np.array([r for r, _, _ in parts], dtype=object), lengths),
+            "name": np.repeat(np.array([n for _, n, _ in parts], dtype=object), lengths),
+            "step": _joined([p.steps for _, _, p in parts], np.int64),
+            "value": _joined([p.values for _, _, p in parts], np.float64),
+            "time": _joined([p.times for _, _, p in parts], np.float64),
+        }, columns=list(METRIC_COLUMNS))  # fmt: skip
 
 
-    def _exists(self, run_id: str) -> bool:
-        """Whether the store holds ``run_id``: asked about that run alone where the backend
-        can (the fsspec store: its directory), else from the list of every run id."""
-        exists = getattr(getattr(self.tracker, "async_tracker", None), "run_exists", None)
-        if exists is not None:
-            return bool(runtime().loop.call(exists, run_id))
-        return run_id in set(self.tracker.run_ids())
+def _joined(arrays: list[Any], dtype: Any) -> Any:
+    return np.concatenate(arrays) if arrays else np.empty(0, dtype)
 
 
 def _run_id(run: RunSummary) -> str:

@@ -34,7 +34,7 @@ from starlette.responses import FileResponse, Response
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
-from async_tracker.errors import BackendError
+from async_tracker.errors import BackendError, ReadTimeoutError
 from async_tracker.store.expr import FilterError
 from async_tracker.store.summary import MetricSummary, RunSummary
 from async_tracker.ui.downsample import DEFAULT_WIDTH, clamp_width, max_points, min_max, window
@@ -80,6 +80,8 @@ def _api(live: LiveStore, endpoint: Endpoint) -> Callable[[Request], Response]:
             return _error(400, str(exc).splitlines()[0])
         except BadRequestError as exc:
             return _error(400, str(exc))
+        except ReadTimeoutError as exc:
+            return _error(503, str(exc))
         except (BackendError, OSError) as exc:
             reason = " ".join(str(exc).split()) or type(exc).__name__
             return _error(503, f"cannot read the {live.label}: {reason[:300]}")

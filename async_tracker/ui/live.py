@@ -3,15 +3,14 @@
 One :class:`LiveStore` per server owns every cache; the endpoints only ask it. It reads:
 
 * **The run list**, at most once per ``refresh_s`` however many clients poll (0.5 s; 5 s for
-  a backend without run summaries, whose list is read run by run): the backend's
-  run summaries, with a :class:`~async_tracker.backend.fsspec.SummaryFileCache` on local
-  disk (a summary file whose inode, size and mtime did not change is not read again).
-  Each run keeps the *version* at which its summary last changed; a client sends the
-  version it has (its cursor) and gets back only the runs changed after it.
+  a backend read through the generic reader, whose list reads every run), through the
+  store's reader (:mod:`async_tracker.store.reader`): what changed since the listing's
+  cursor. Each run keeps the *version* at which its summary last changed; a client sends
+  the version it has (its cursor) and gets back only the runs changed after it.
 * **Metric points**, per run, when a chart asks for them and the run's summary says it has
-  more points than were read: on the fsspec store only the segments not read yet (they are
-  immutable once written), appended to numpy arrays that stay in memory; other backends
-  (TensorBoard, MLflow, plug-ins) are read whole again, only when their summary changed.
+  more points than were read: the reader's ``scalars`` since the run's cursor (on the
+  fsspec store only the segments not read yet), appended to numpy arrays that stay in
+  memory; a reader that cannot tell what is new reads the run whole again.
 
 Concurrency: endpoints run in worker threads (the reads block on the tracker loop). The
 index has one lock, the metric cache another, and each run's points their own, so that a
@@ -23,23 +22,21 @@ runs' points in the background, so that the first charts usually come from memor
 from __future__ import annotations
 
 import collections
-import inspect
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
-from async_tracker.base import TrackerBase
-from async_tracker.runtime.process import runtime
 from async_tracker.store.expr import differing_params
-from async_tracker.store.runs import read_runs, select
+from async_tracker.store.reader import GenericReader, Scalars
+from async_tracker.store.runs import select
 from async_tracker.store.summary import RunSummary
+from async_tracker.store.sync_reader import Reader
 from async_tracker.tags import split_metadata
-from async_tracker.ui.segments import Chunk, parse_segment, times_array
 
 # How often the run list is read again at most, in seconds: clients poll every second, and
 # a point logged shows within this plus a poll.
@@ -67,54 +64,47 @@ class UnknownRunError(KeyError):
 
 @dataclass
 class Curve:
-    """Every point of one metric of one run read so far: steps and values as numpy arrays
-    in step order (then time), times as parts parsed when a chart first asks for them
-    (see :mod:`async_tracker.ui.segments`). New chunks are appended and joined when next
-    read. Its run's lock guards it; the arrays it returns are never changed afterwards (a
-    join makes new ones), so they are read without a lock."""
+    """Every point of one metric of one run read so far: steps, values and times as numpy
+    float64 arrays in step order (then as logged). New chunks are appended and joined when
+    next read. Its run's lock guards it; the arrays it returns are never changed afterwards
+    (a join makes new ones), so they are read without a lock."""
 
     steps: FloatArray = field(default_factory=lambda: np.empty(0))
     values: FloatArray = field(default_factory=lambda: np.empty(0))
-    _times: list[FloatArray | bytes] = field(default_factory=list)
-    _chunks: list[Chunk] = field(default_factory=list)
+    times: FloatArray = field(default_factory=lambda: np.empty(0))
+    _chunks: list[Scalars] = field(default_factory=list)
     _by_time: npt.NDArray[np.intp] | None = None
 
-    def add(self, chunk: Chunk) -> None:
+    def add(self, chunk: Scalars) -> None:
         if len(chunk):
             self._chunks.append(chunk)
 
     def by_step(self) -> tuple[FloatArray, FloatArray]:
-        """``(steps, values)``, sorted by step then time."""
+        """``(steps, values)``, sorted by step, then as logged."""
         if self._chunks:
             chunks, self._chunks = self._chunks, []
             in_order = len(self.steps) == 0 or chunks[0].steps.min() >= self.steps[-1]
-            self.steps = np.concatenate([self.steps, *(c.steps for c in chunks)])
+            self.steps = np.concatenate([self.steps, *(c.steps for c in chunks)]).astype(
+                np.float64, copy=False
+            )
             self.values = np.concatenate([self.values, *(c.values for c in chunks)])
-            for c in chunks:
-                self._times.extend(c.times)
+            self.times = np.concatenate([self.times, *(c.times for c in chunks)])
             # (Not np.diff: it makes a float array as long as the curve.)
             in_order = in_order and bool(np.all(self.steps[1:] >= self.steps[:-1]))
             if not in_order:  # a late writer (another rank): sort again, stably
-                times = self._all_times()
-                order = np.lexsort((times, self.steps))
+                order = np.argsort(self.steps, kind="stable")
                 self.steps, self.values = self.steps[order], self.values[order]
-                self._times = [times[order]]
+                self.times = self.times[order]
             self._by_time = None
         return self.steps, self.values
 
     def by_time(self) -> tuple[FloatArray, FloatArray]:
-        """``(times, values)`` sorted by time, without points whose time could not be read."""
+        """``(times, values)`` sorted by time, without points whose time is not a number."""
         _, values = self.by_step()
-        times = self._all_times()
         if self._by_time is None:
-            order = np.argsort(times, kind="stable")
-            self._by_time = order[~np.isnan(times[order])]
-        return times[self._by_time], values[self._by_time]
-
-    def _all_times(self) -> FloatArray:
-        times = times_array(self._times)
-        self._times = [times]
-        return times
+            order = np.argsort(self.times, kind="stable")
+            self._by_time = order[~np.isnan(self.times[order])]
+        return self.times[self._by_time], values[self._by_time]
 
     def __len__(self) -> int:
         return len(self.steps) + sum(len(c) for c in self._chunks)
@@ -122,13 +112,14 @@ class Curve:
 
 @dataclass
 class _RunPoints:
-    """The points read of one run, and how far: the segments read (fsspec) and the run's
-    summary point count at the last read. ``lock`` guards all of it: one thread reads a
+    """The points read of one run, and how far: the reader's cursor and the run's summary
+    point count at the last read. ``lock`` guards all of it: one thread reads a
     run's points at a time, while other runs are read beside it."""
 
     lock: threading.Lock = field(default_factory=threading.Lock)
     curves: dict[str, Curve] = field(default_factory=dict)
-    segments: set[str] = field(default_factory=set)
+    # The reader's cursor after the last read (what the next read starts after).
+    cursor: object | None = None
     seen_count: int = -1
     # The points held, as of the last read: what eviction counts (read without the lock).
     held: int = 0
@@ -152,28 +143,26 @@ class LiveStore:
 
     def __init__(
         self,
-        tracker: TrackerBase,
-        label: str,
+        reader: Reader,
         *,
         refresh_s: float | None = None,
         clock: Callable[[], float] = time.monotonic,
         max_points: int = MAX_CACHED_POINTS,
     ) -> None:
-        self.tracker = tracker
-        self.label = label
+        self.reader = reader
+        self.label = reader.label
         self._clock = clock
-        self._inner: Any = getattr(tracker, "async_tracker", tracker)
         if refresh_s is None:
-            summaries = callable(getattr(self._inner, "run_summaries", None))
-            refresh_s = DEFAULT_REFRESH_S if summaries else SLOW_REFRESH_S
+            generic = isinstance(reader.reader, GenericReader)
+            refresh_s = SLOW_REFRESH_S if generic else DEFAULT_REFRESH_S
         self.refresh_s = refresh_s
-        self._summary_cache = _summary_cache(self._inner)
         self._index_lock = threading.Lock()
         self._points_lock = threading.Lock()
         # Guarded by _index_lock: the runs as last read, each with the version at which its
         # summary last changed; the version grows by one per read that changed anything.
         self._runs: dict[str, tuple[RunSummary, int]] = {}
         self._version = 0
+        self._cursor: object | None = None  # the reader's, after the last listing
         self._read_at: float | None = None
         # Guarded by _points_lock: the points read of each run, least recently asked first.
         self._points: collections.OrderedDict[str, _RunPoints] = collections.OrderedDict()
@@ -188,13 +177,17 @@ class LiveStore:
             now = self._clock()
             if not force and self._read_at is not None and now - self._read_at < self.refresh_s:
                 return self._version
-            runs = read_runs(self.tracker, self._summary_cache)
+            listing = self.reader.list_runs(self._cursor)
             self.reads += 1
             self._read_at = now
-            fresh = {r.run_id: r for r in runs}
+            self._cursor = listing.cursor
+            runs = listing.runs
             changed = [r for r in runs if r.run_id not in self._runs
                        or self._runs[r.run_id][0] != r]  # fmt: skip
-            gone = self._runs.keys() - fresh.keys()
+            if listing.complete:
+                gone = self._runs.keys() - {r.run_id for r in runs}
+            else:
+                gone = listing.gone & self._runs.keys()
             if changed or gone:
                 self._version += 1
                 for r in changed:
@@ -248,13 +241,13 @@ class LiveStore:
         note), artifacts, lineage, and each live writer's heartbeat with its delivery
         state (where the backend keeps heartbeats)."""
         summary = self.summary(run_id)
-        metadata = dict(self.tracker.metadata(run_id))
+        metadata = dict(self.reader.metadata(run_id))
         params, tags, note = split_metadata(metadata)
         artifacts = [
             {"name": a.name, "path": a.path, "metadata": a.metadata}
-            for a in self.tracker.artifacts(run_id).values()
+            for a in self.reader.artifacts(run_id).values()
         ]
-        lineage = self.tracker.lineage(run_id)
+        lineage = self.reader.lineage(run_id)
         edges = [
             {"run": e.source_run_id, "artifact": e.artifact_name, "known": e.source_run_id in
              self._known()}
@@ -280,10 +273,7 @@ class LiveStore:
             return set(self._runs)
 
     def _heartbeats(self, run_id: str) -> list[dict[str, Any]]:
-        read = getattr(self._inner, "heartbeats", None)
-        if not callable(read):
-            return []
-        beats: Mapping[str, Mapping[str, Any]] = _call(read, run_id)
+        beats = self.reader.writers(run_id)
         return [{"writer": w, **b} for w, b in sorted(beats.items())]
 
     # -- metric points --------------------------------------------------------------------------
@@ -358,43 +348,12 @@ class LiveStore:
             return
 
     def _read_points(self, run_id: str, points: _RunPoints) -> None:
-        segments = getattr(self._inner, "metric_segments", None)
-        if callable(segments):
-            new: list[tuple[str, dict[str, Chunk]]] = _call(
-                segments, run_id, points.segments, parse_segment
-            )
-            for name, chunks in new:
-                points.segments.add(name)
-                for metric, chunk in chunks.items():
-                    points.curves.setdefault(metric, Curve()).add(chunk)
-            return
-        read = getattr(self.tracker, "metrics", None)
-        if not callable(read):
-            return  # a plain torchx TrackerBase: no metrics
-        points.curves = {}
-        for metric, curve in read(run_id).items():
-            c = points.curves[metric] = Curve()
-            c.add(Chunk(
-                np.array([p.step for p in curve], np.float64),
-                np.array([p.value for p in curve], np.float64),
-                [np.array([p.timestamp for p in curve], np.float64)],
-            ))  # fmt: skip
-
-
-def _call(fn: Callable[..., Any], *args: Any) -> Any:
-    """A backend's reader method, async (on the tracker loop) or not."""
-    if inspect.iscoroutinefunction(fn):
-        return runtime().loop.call(fn, *args)
-    return fn(*args)
-
-
-def _summary_cache(inner: object) -> object | None:
-    """The backend's summary-file cache, where it has one (the fsspec store)."""
-    if not callable(getattr(inner, "run_summaries", None)):
-        return None
-    from async_tracker.backend.fsspec import AsyncFsspecTracker, SummaryFileCache
-
-    return SummaryFileCache() if isinstance(inner, AsyncFsspecTracker) else None
+        read = self.reader.scalars(run_id, None, points.cursor)
+        if read.reset:
+            points.curves = {}
+        for metric, chunk in read.curves.items():
+            points.curves.setdefault(metric, Curve()).add(chunk)
+        points.cursor = read.cursor
 
 
 def _started(run: RunSummary) -> float:

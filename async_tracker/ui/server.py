@@ -8,9 +8,10 @@ import socket
 import sys
 import threading
 
-from async_tracker.adapters import as_sync
-from async_tracker.base import TrackerBase
-from async_tracker.init_run import open_store, store_dir
+from async_tracker.adapters import TrackerLike
+from async_tracker.base import AsyncTrackerBase
+from async_tracker.store.open import open_reader
+from async_tracker.store.sync_reader import Reader
 from async_tracker.ui.app import create_app
 from async_tracker.ui.live import PRELOAD_POINTS, LiveStore
 
@@ -24,15 +25,19 @@ def serve(
     host: str = DEFAULT_HOST,
     port: int = DEFAULT_PORT,
     *,
-    tracker: TrackerBase | None = None,
-    label: str | None = None,
+    tracker: AsyncTrackerBase | TrackerLike | None = None,
+    reader: Reader | None = None,
     refresh_s: float | None = None,
     preload: int = PRELOAD_POINTS,
+    timeout: float | None = None,
 ) -> None:
     """Serves the dashboard of ``store`` (a path or fsspec URL; default
-    ``$ASYNC_TRACKER_DIR``, else ``./tracker_runs``), or of ``tracker`` (any torchx
-    ``TrackerBase``: a TensorBoard or MLflow backend), on ``host:port`` (port 0: a free
-    one), until Ctrl-C; then returns. Read-only. Its URL is the first line on stdout::
+    ``$ASYNC_TRACKER_DIR``, else ``./tracker_runs``), or of ``tracker`` (any backend: a
+    TensorBoard or MLflow backend, a torchx ``TrackerBase``), or of ``reader`` (an open
+    :class:`~async_tracker.store.sync_reader.Reader`), on ``host:port`` (port 0: a free
+    one), until Ctrl-C; then returns. Read-only. Each read of the store a request makes
+    waits at most ``timeout`` seconds (see ``Store``). Its URL is the first line on
+    stdout::
 
         import async_tracker.ui
         async_tracker.ui.serve("s3://bucket/runs", port=8080)
@@ -44,10 +49,9 @@ def serve(
     starts, so that the first charts come from memory (0: none)."""
     import uvicorn
 
-    if tracker is None:
-        url = store_dir(store)
-        tracker, label = as_sync(open_store(url)), label or f"store {url}"
-    live = LiveStore(tracker, label or repr(tracker), refresh_s=refresh_s)
+    if reader is None:
+        reader = open_reader(tracker if tracker is not None else store, timeout=timeout)
+    live = LiveStore(reader, refresh_s=refresh_s)
     if host not in LOOPBACK:
         print(
             f"WARNING: serving on {host}, not the loopback: anyone who can reach this address "

@@ -14,10 +14,10 @@ import pytest
 
 from async_tracker import init
 from async_tracker.adapters import as_sync
-from async_tracker.cli.common import run_status
 from async_tracker.cli.main import main
 from async_tracker.init_run import open_store
 from async_tracker.report import FlushReport
+from async_tracker.store.open import open_reader
 from tests.cli.conftest import Store, child_env, cli, write_torchxconfig
 from tests.cli.test_sync import SPOOLING_JOB
 
@@ -140,7 +140,7 @@ def test_export_tensorboard(url: str, tmp_path: Path, capsys: pytest.CaptureFixt
     # The same points (steps and client timestamps), params and ending as in the store.
     assert board.metrics(ALPHA) == store.metrics(ALPHA)
     assert board.metadata(ALPHA) == store.metadata(ALPHA)
-    assert [run_status(board, r) for r in (ALPHA, FAILED)] == [("finished", None), ("failed", None)]
+    assert [open_reader(board).status(r) for r in (ALPHA, FAILED)] == [("finished", None), ("failed", None)]
 
 
 def test_export_without_the_tensorboard_extra(tmp_path: Path) -> None:
@@ -229,7 +229,7 @@ def test_end_status_of_several_writers(tmp_path: Path) -> None:
         for rank, reason in zip(ranks, reasons):
             rank.log_metric("loss", 1.0)
             rank.close(reason=reason)  # type: ignore[arg-type]
-        ended = run_status(tracker, run_id)
+        ended = open_reader(tracker).status(run_id)
         assert ended is not None and ended[0] == expected and ended[1] is not None, reasons
 
 

@@ -14,7 +14,7 @@ import pytest
 
 from async_tracker.backend.fsspec import FsspecTracker, encode_run_id
 from async_tracker.base import Lineage
-from async_tracker.store.runs import read_runs
+from async_tracker.store.open import open_reader
 
 RUN = "local://corrupt/run"
 PARENT = "local://corrupt/parent"
@@ -300,7 +300,7 @@ def test_the_stores_own_files_beside_the_runs_warn_nothing(
     (root / ".lightning").mkdir()
     with caplog.at_level(logging.WARNING, logger="async_tracker"):
         check_run_ids(tracker)
-        assert len(read_runs(tracker)) == 2
+        assert len(open_reader(tracker).run_summaries()) == 2
     assert caplog.records == []
     # A folder with a foreign name is still named: it may be a run someone renamed.
     (root / "not-a-run").mkdir()

@@ -28,9 +28,9 @@ from tensorboard.plugins.hparams import api_pb2, backend_context, list_session_g
 from async_tracker import AppRun, RetryPolicy, TrackerMetric
 from async_tracker.adapters import as_sync
 from async_tracker.backend.tensorboard import SIDE_DIR, AsyncTensorBoardTracker, run_path
-from async_tracker.cli.common import run_status
 from async_tracker.cli.main import main as cli_main
 from async_tracker.init_run import open_store
+from async_tracker.store.open import open_reader
 from tests.cli.conftest import child_env
 
 pytestmark = pytest.mark.server  # needs the tensorboard extra
@@ -169,7 +169,7 @@ def test_an_exported_run_keeps_its_start_time_and_status(
     found, group = session(HParamsTab(out), "proj/old")
     assert found.start_time_secs == 1.7e9  # the run's, not the export's
     assert found.status == api_pb2.STATUS_SUCCESS
-    ended = run_status(store, "proj/old")
+    ended = open_reader(store).status("proj/old")
     assert ended is not None and found.end_time_secs == pytest.approx(ended[1], abs=1e-6)
     assert group.hparams["layers"].string_value == "[32]"
 

@@ -18,6 +18,7 @@ from starlette.testclient import TestClient
 from async_tracker.adapters import as_sync
 from async_tracker.init_run import open_store
 from async_tracker.runtime.process import runtime
+from async_tracker.store.open import open_reader
 from async_tracker.ui.app import create_app
 from async_tracker.ui.downsample import max_points
 from async_tracker.ui.live import LiveStore
@@ -29,7 +30,7 @@ pytestmark = pytest.mark.server
 
 
 def client_for(root: Path, refresh_s: float = 0.0) -> tuple[TestClient, LiveStore]:
-    live = LiveStore(as_sync(open_store(root)), f"store {root}", refresh_s=refresh_s)
+    live = LiveStore(open_reader(root), refresh_s=refresh_s)
     return TestClient(create_app(live)), live
 
 
@@ -200,7 +201,7 @@ def test_bad_series_parameters_are_400(store: Path, query: str, message: str) ->
 
 def test_a_store_that_cannot_be_read_is_503_naming_it() -> None:
     tracker = as_sync(FaultyTracker().always("run_ids", action=backend_down("disk on fire")))
-    client = TestClient(create_app(LiveStore(tracker, "store s3://gone")))
+    client = TestClient(create_app(LiveStore(open_reader(tracker, label="store s3://gone"))))
     response = client.get("/api/runs")
     assert response.status_code == 503
     error = response.json()["error"]
@@ -249,7 +250,7 @@ def test_a_tensorboard_folder_is_read_through_the_tracker_api(tmp_path: Path) ->
     for step in range(50):
         run.log_metric("loss", 1.0 / (step + 1), step=step)
     assert run.close(30).ok
-    live = LiveStore(TensorBoardTracker(str(tmp_path / "tb")), "tensorboard")
+    live = LiveStore(open_reader(TensorBoardTracker(str(tmp_path / "tb"))))
     assert live.refresh_s == 5.0  # read run by run: less often
     client = TestClient(create_app(live))
     (listed,) = ok(client.get("/api/runs"))["runs"]
@@ -260,7 +261,7 @@ def test_a_tensorboard_folder_is_read_through_the_tracker_api(tmp_path: Path) ->
 
 
 def test_points_kept_are_bounded_and_dropped_with_their_run(store: Path) -> None:
-    live = LiveStore(as_sync(open_store(store)), "store", refresh_s=0.0, max_points=400)
+    live = LiveStore(open_reader(store), refresh_s=0.0, max_points=400)
     client = TestClient(create_app(live))
     ok(client.get("/api/series", params={"run": "base/a"}))  # 360 points
     ok(client.get("/api/series", params={"run": "base/b"}))  # 720 in all: base/a dropped
@@ -276,7 +277,7 @@ def test_points_kept_are_bounded_and_dropped_with_their_run(store: Path) -> None
 def test_preload_reads_the_newest_runs_within_its_budget_and_stops_when_told(
     store: Path,
 ) -> None:
-    live = LiveStore(as_sync(open_store(store)), "store", refresh_s=0.0)
+    live = LiveStore(open_reader(store), refresh_s=0.0)
     reads: list[str] = []
     inner = live._inner
     real = inner.metric_segments
@@ -299,6 +300,6 @@ def test_preload_reads_the_newest_runs_within_its_budget_and_stops_when_told(
     # Told to stop (the server is ending): it reads nothing more.
     stopped = threading.Event()
     stopped.set()
-    other = LiveStore(as_sync(open_store(store)), "store", refresh_s=0.0)
+    other = LiveStore(open_reader(store), refresh_s=0.0)
     other.preload(stopped)
     assert other.held_points() == 0

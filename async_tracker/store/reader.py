@@ -1,0 +1,307 @@
+"""The read side's one interface: what the run list, ``Store``, every CLI read command and
+the dashboard ask of a store, and nothing else.
+
+Modelled on TensorBoard's data provider: a narrow set of coroutines a backend implements
+once, natively (the fsspec store: its summaries, its segments read incrementally) or not at
+all (a backend that only has the tracker API gets :class:`GenericReader`, built on its
+``metrics()``, ``metadata()`` and ``run_ids()``). Readers never write a run and never touch a
+spool.
+
+For backend authors: subclass :class:`RunReader`, implement the abstract coroutines, and
+return an instance from your backend's ``reader()`` method (see :class:`ProvidesReader`).
+Run the shipped read conformance suite (:mod:`async_tracker.store.conformance`) against it.
+The optional coroutines have defaults built on the abstract ones; override them where the
+store can answer more cheaply (``list_runs`` from an index, ``scalars`` from the segments
+not read yet).
+
+The sync face with a deadline on every call, which users and the CLI hold, is
+:class:`async_tracker.store.sync_reader.Reader`.
+"""
+
+from __future__ import annotations
+
+import math
+from abc import ABC, abstractmethod
+from collections.abc import Collection, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol, runtime_checkable
+
+import numpy as np
+import numpy.typing as npt
+
+from async_tracker.base import AsyncTrackerBase
+from async_tracker.records import Lineage, TrackerArtifact, TrackerMetric
+from async_tracker.store.summary import MetricSummary, RunSummary
+
+IntArray = npt.NDArray[np.int64]
+FloatArray = npt.NDArray[np.float64]
+
+_NO_INTS: IntArray = np.empty(0, np.int64)
+_NO_FLOATS: FloatArray = np.empty(0, np.float64)
+
+
+@dataclass(frozen=True)
+class Scalars:
+    """One metric's points as columns: ``steps`` (int64), ``values`` and ``times`` (float64,
+    seconds since the epoch), sorted by step, then in the order they were logged. The arrays
+    are never changed once returned."""
+
+    steps: IntArray = field(default_factory=lambda: _NO_INTS)
+    values: FloatArray = field(default_factory=lambda: _NO_FLOATS)
+    times: FloatArray = field(default_factory=lambda: _NO_FLOATS)
+
+    def __len__(self) -> int:
+        return len(self.steps)
+
+    @classmethod
+    def of(cls, points: Sequence[TrackerMetric]) -> Scalars:
+        """The columns of ``points`` (in step order already, as ``metrics()`` gives them)."""
+        return cls(
+            np.fromiter((p.step for p in points), np.int64, len(points)),
+            np.fromiter((p.value for p in points), np.float64, len(points)),
+            np.fromiter((p.timestamp for p in points), np.float64, len(points)),
+        )
+
+    def points(self) -> list[TrackerMetric]:
+        """The points as :class:`~async_tracker.records.TrackerMetric` (name left empty: the
+        caller knows it)."""
+        return [
+            TrackerMetric("", v, s, t)
+            for s, v, t in zip(self.steps.tolist(), self.values.tolist(), self.times.tolist())
+        ]
+
+
+@dataclass(frozen=True)
+class ScalarsRead:
+    """What :meth:`RunReader.scalars` returns: ``curves``, the points read (per metric, in
+    step order within this read), ``cursor``, to pass back as ``since=`` to read only what
+    comes after, and ``reset``: True when ``curves`` holds every point (the caller replaces
+    what it kept), False when it holds only the points new since the cursor (the caller
+    adds them to what it kept)."""
+
+    curves: dict[str, Scalars]
+    cursor: object
+    reset: bool = True
+
+
+@dataclass(frozen=True)
+class RunListing:
+    """What :meth:`RunReader.list_runs` returns: the runs whose summary changed since the
+    cursor (every run when ``complete``), the ids of runs gone since, and the cursor to
+    pass next time."""
+
+    runs: list[RunSummary]
+    gone: frozenset[str]
+    cursor: object
+    complete: bool
+
+
+@dataclass(frozen=True)
+class _SnapshotCursor:
+    """The default listing cursor: each run's summary as last listed."""
+
+    seen: Mapping[str, RunSummary]
+
+
+class RunReader(ABC):
+    """A store as readers see it. Every method is a coroutine run on the tracker loop (the
+    sync :class:`~async_tracker.store.sync_reader.Reader` puts a deadline on each); none has
+    a side effect on a run or a spool. A run unknown to the store: ``run_exists`` is False,
+    ``run_summary`` None, and the other per-run reads return empty results."""
+
+    #: What errors name: ``store file:///data/runs``, ``tracker 'mlflow'``.
+    label: str = "store"
+
+    # -- the runs ---------------------------------------------------------------------------
+    @abstractmethod
+    async def run_summaries(self) -> list[RunSummary]:
+        """Every run's summary, in no particular order."""
+
+    async def list_runs(self, since: object | None = None) -> RunListing:
+        """The runs changed since ``since`` (a cursor from an earlier listing; None: all).
+        The default lists every summary and compares with the cursor's; a store with an
+        index answers from what was added to it since."""
+        runs = await self.run_summaries()
+        seen = since.seen if isinstance(since, _SnapshotCursor) else None
+        now = {r.run_id: r for r in runs}
+        cursor = _SnapshotCursor(now)
+        if seen is None:
+            return RunListing(runs, frozenset(), cursor, complete=True)
+        changed = [r for r in runs if seen.get(r.run_id) != r]
+        return RunListing(changed, frozenset(seen.keys() - now.keys()), cursor, complete=False)
+
+    async def run_summary(self, run_id: str) -> RunSummary | None:
+        """The summary of ``run_id``, None when the store has no such run."""
+        for run in await self.run_summaries():
+            if run.run_id == run_id:
+                return run
+        return None
+
+    @abstractmethod
+    async def run_ids(self, parent_run_id: str | None = None) -> list[str]:
+        """Every run's id; with ``parent_run_id``, those recorded as its children (torchx's
+        ``list jobs --parent-run-id``)."""
+
+    async def run_exists(self, run_id: str) -> bool:
+        """Whether the store holds ``run_id``."""
+        return run_id in await self.run_ids()
+
+    # -- one run ----------------------------------------------------------------------------
+    @abstractmethod
+    async def metadata(self, run_id: str) -> Mapping[str, object]:
+        """The run's metadata, the last write of each key winning (tags and note included)."""
+
+    @abstractmethod
+    async def artifacts(self, run_id: str) -> Mapping[str, TrackerArtifact]: ...
+
+    @abstractmethod
+    async def lineage(self, run_id: str) -> Lineage: ...
+
+    @abstractmethod
+    async def metrics(self, run_id: str) -> Mapping[str, Sequence[TrackerMetric]]:
+        """Every point of every metric of the run, each metric's points ordered by step,
+        then as logged; no point merged with another."""
+
+    async def scalars(
+        self,
+        run_id: str,
+        names: Collection[str] | None = None,
+        since: object | None = None,
+    ) -> ScalarsRead:
+        """The run's metrics (those of ``names``; all without it) as columns. With ``since``
+        (a cursor of an earlier call for this run) a store whose data is append-only returns
+        only the points added after it (``reset`` False); the default reads every point."""
+        curves = {
+            name: Scalars.of(points)
+            for name, points in (await self.metrics(run_id)).items()
+            if points and (names is None or name in names)
+        }
+        return ScalarsRead(curves, None, reset=True)
+
+    @abstractmethod
+    async def status(self, run_id: str) -> tuple[str, float | None]:
+        """How the run stands: ``running``, ``finished``, ``failed``, ``killed`` or
+        ``crashed``, and when it ended (None while running), or ``("", None)`` when the
+        store does not record how runs end."""
+
+    async def writers(self, run_id: str) -> dict[str, dict[str, object]]:
+        """Each live writer's last heartbeat by writer: ``{"time", "interval_s"}`` and, where
+        kept, ``"delivery"`` (lag, spooled, last error). Empty where the store keeps none."""
+        return {}
+
+
+@runtime_checkable
+class ProvidesReader(Protocol):
+    """A backend with a native reader: ``reader()`` returns it."""
+
+    def reader(self) -> RunReader: ...
+
+
+class GenericReader(RunReader):
+    """The reader of a backend without a native one: every run read through the tracker
+    API (its metadata and every point), summarised here. Correct for any backend that passes
+    the write conformance suite; its run list costs a read of every run, so a backend that
+    holds many runs should bring a native reader."""
+
+    def __init__(self, backend: AsyncTrackerBase, label: str | None = None) -> None:
+        self.backend = backend
+        self.label = label or f"tracker {backend!r}"
+
+    def __repr__(self) -> str:
+        return f"GenericReader({self.backend!r})"
+
+    async def run_summaries(self) -> list[RunSummary]:
+        return [await self._summary_of(run_id) for run_id in await self.run_ids()]
+
+    async def run_summary(self, run_id: str) -> RunSummary | None:
+        if not await self.run_exists(run_id):
+            return None
+        return await self._summary_of(run_id)
+
+    async def run_ids(self, parent_run_id: str | None = None) -> list[str]:
+        if parent_run_id is None:
+            return list(await self.backend.run_ids())
+        return list(await self.backend.run_ids(parent_run_id=parent_run_id))
+
+    async def metadata(self, run_id: str) -> Mapping[str, object]:
+        return await self.backend.metadata(run_id)
+
+    async def artifacts(self, run_id: str) -> Mapping[str, TrackerArtifact]:
+        return await self.backend.artifacts(run_id)
+
+    async def lineage(self, run_id: str) -> Lineage:
+        return await self.backend.lineage(run_id)
+
+    async def metrics(self, run_id: str) -> Mapping[str, Sequence[TrackerMetric]]:
+        if not self.backend.supports_metrics:
+            return {}  # a plain torchx TrackerBase: no metric method
+        return await self.backend.metrics(run_id)
+
+    async def status(self, run_id: str) -> tuple[str, float | None]:
+        return "", None
+
+    async def _summary_of(self, run_id: str) -> RunSummary:
+        curves = {n: p for n, p in (await self.metrics(run_id)).items() if p}
+        status, end = await self.status(run_id)
+        metrics = {name: summarize_points(points) for name, points in curves.items()}
+        stamps = [p.timestamp for points in curves.values() for p in points]
+        from async_tracker.tags import split_metadata
+
+        params, tags, note = split_metadata(dict(await self.metadata(run_id)))
+        return RunSummary(
+            run_id=run_id,
+            status=status,
+            start=min(stamps) if stamps else None,
+            end=end,
+            heartbeat=max(stamps) if stamps else None,
+            params=params,
+            tags=tags,
+            note=note,
+            metrics=metrics,
+        )
+
+
+def summarize_points(points: Sequence[TrackerMetric]) -> MetricSummary:
+    """One metric's summary from its points (in step order): the last value at the highest
+    step, min and max ignoring NaN."""
+    values = [p.value for p in points if not math.isnan(p.value)]
+    return MetricSummary(
+        points[-1].value,
+        min(values) if values else None,
+        max(values) if values else None,
+        len(points),
+        points[-1].step,
+    )
+
+
+def reader_of(backend: AsyncTrackerBase, label: str | None = None) -> RunReader:
+    """The reader of ``backend``: its own (``reader()``), else a :class:`GenericReader`."""
+    if isinstance(backend, ProvidesReader):
+        reader = backend.reader()
+        if label:
+            reader.label = label
+        return reader
+    return GenericReader(backend, label)
+
+
+def merge_points(parts: Iterable[Scalars]) -> Scalars:
+    """Several reads' points of one metric as one, sorted by step, stably (points of one
+    step keep the order of ``parts``, then their own)."""
+    chunks = [p for p in parts if len(p)]
+    if not chunks:
+        return Scalars()
+    if len(chunks) == 1:
+        return chunks[0]
+    steps = np.concatenate([c.steps for c in chunks])
+    values = np.concatenate([c.values for c in chunks])
+    times = np.concatenate([c.times for c in chunks])
+    if len(steps) > 1 and not bool(np.all(steps[1:] >= steps[:-1])):
+        order = np.argsort(steps, kind="stable")
+        steps, values, times = steps[order], values[order], times[order]
+    return Scalars(steps, values, times)
+
+
+__all__ = [
+    "GenericReader", "ProvidesReader", "RunListing", "RunReader", "Scalars", "ScalarsRead",
+    "merge_points", "reader_of", "summarize_points",
+]
