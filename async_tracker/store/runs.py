@@ -1,9 +1,9 @@
 """Many runs' summaries at once: what the run list reads.
 
-A backend that keeps run summaries (the fsspec store: ``run_summaries()``, see its module)
-answers from them, in one pass over the store. Any other tracker (MLflow, TensorBoard, a
-torchx plug-in) is read run by run through the tracker API: its metadata, its metric curves
-and how it ended, summarised here the same way.
+A backend that keeps run summaries (the fsspec store: ``run_summaries()``, see
+``backend/fsspec/summaries.py``) answers from them, in one pass over the store. Any other
+tracker (MLflow, TensorBoard, a torchx plug-in) is read run by run through the tracker API:
+its metadata, its metric curves and how it ended, summarised here the same way.
 """
 
 from __future__ import annotations
