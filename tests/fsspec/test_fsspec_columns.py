@@ -16,9 +16,9 @@ pytest.importorskip("starlette")
 from hypothesis import event, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-from async_tracker.backend import fsspec_columns as segments  # noqa: E402
 from async_tracker.backend.fsspec import _encode_column, parse_segment_columns  # noqa: E402
-from async_tracker.backend.fsspec_columns import Chunk, parse_segment, times_array  # noqa: E402
+from async_tracker.backend.fsspec import columns as segments  # noqa: E402
+from async_tracker.backend.fsspec.columns import Chunk, parse_segment, times_array  # noqa: E402
 from async_tracker.ui.live import Curve  # noqa: E402
 
 pytestmark = pytest.mark.server

@@ -1,6 +1,7 @@
-"""Metric segments read straight into numpy columns: how the dashboard reads big runs.
+"""Metric segments read straight into numpy columns: how the reader's ``scalars`` (the
+dashboard's charts) reads big runs.
 
-The backend's reader (:func:`~async_tracker.backend.fsspec.parse_segment_columns`) checks
+The backend's reader (:func:`~async_tracker.backend.fsspec.segments.parse_segment_columns`) checks
 every point in Python lists; for a ten-million-point metric that is seconds before the
 first chart. This reader knows the one line shape the fsspec backend writes (orjson's
 ``{"name":"loss","step":[...],"value":[...],"time":[...]}``) and reads its columns with C
@@ -11,7 +12,7 @@ most charts are by step, and times cost as much to parse as values.
 
 Any other line (spaces, keys in another order, NaN or infinities, which the backend writes
 with the json module, a step beyond int64, a foreign writer's) goes to the backend's
-strict :func:`~async_tracker.backend.fsspec.parse_column_line`, so that the points accepted
+strict :func:`~async_tracker.backend.fsspec.segments.parse_column_line`, so that the points accepted
 and the lines skipped are the backend's, with the same messages.
 """
 
@@ -23,7 +24,7 @@ import numpy as np
 import numpy.typing as npt
 import orjson
 
-from async_tracker.backend.fsspec import (
+from async_tracker.backend.fsspec.segments import (
     UNPARSEABLE_LINE,
     describe_skipped,
     parse_column_line,

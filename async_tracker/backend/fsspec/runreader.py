@@ -6,25 +6,23 @@ by version between listings), a run's scalars from the metric segments not read 
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping, Sequence
-from typing import TYPE_CHECKING
 
-from async_tracker.backend.fsspec_columns import parse_segment, times_array
+from async_tracker.backend.fsspec import summaries
+from async_tracker.backend.fsspec.cache import SummaryFileCache
+from async_tracker.backend.fsspec.columns import parse_segment, times_array
+from async_tracker.backend.fsspec.reader import FsspecReader
 from async_tracker.records import Lineage, TrackerArtifact, TrackerMetric
 from async_tracker.store.reader import RunReader, Scalars, ScalarsRead, merge_points
 from async_tracker.store.summary import RunSummary
 
-if TYPE_CHECKING:
-    from async_tracker.backend.fsspec import AsyncFsspecTracker
-
 
 class FsspecRunReader(RunReader):
-    """Reads the runs of one fsspec store (see the module's docstring)."""
+    """Reads the runs of one fsspec store (see the module's docstring) through its file
+    reader (:class:`~async_tracker.backend.fsspec.reader.FsspecReader`)."""
 
-    def __init__(self, store: AsyncFsspecTracker) -> None:
-        from async_tracker.backend.fsspec import SummaryFileCache
-
-        self.store = store
-        self.label = f"store {store.store_url}"
+    def __init__(self, files: FsspecReader, label: str) -> None:
+        self.store = files
+        self.label = label
         # Kept across listings of this reader: a summary file unchanged since (its version:
         # inode, size, mtime; an object's ETag) is not read again.
         self._cache = SummaryFileCache()
@@ -33,7 +31,7 @@ class FsspecRunReader(RunReader):
         return f"FsspecRunReader({self.store!r})"
 
     async def run_summaries(self) -> list[RunSummary]:
-        return await self.store.run_summaries(cache=self._cache)
+        return await summaries.run_summaries(self.store, cache=self._cache)
 
     async def run_ids(self, parent_run_id: str | None = None) -> list[str]:
         if parent_run_id is None:
