@@ -20,6 +20,7 @@ from async_tracker.cli.main import main
 from async_tracker.cli.query import run_row
 from async_tracker.init_run import open_store
 from async_tracker.runtime.process import runtime
+from async_tracker.store.open import open_reader
 from tests.cli.conftest import Store
 from tests.core.helpers import FAST_RETRY, Child, wait_until
 
@@ -99,7 +100,7 @@ def test_a_job_that_fails_with_its_store_down_is_failed_after_sync(tmp_path: Pat
     unblock(root)
     sync(spool, root)
     assert status(root)[0] == "failed"
-    row = run_row(Store(root, root).tracker(), RUN_ID)
+    row = run_row(open_reader(Store(root, root).tracker()), RUN_ID)
     assert row["status"] == "failed" and row["params"] == {"project": "job", "lr": 0.1}
 
 
@@ -143,7 +144,7 @@ def test_a_sigkilled_job_is_crashed_once_its_heartbeats_are_old(tmp_path: Path) 
     assert status(root, now=last + 2 * every) == ("running", None)
     assert status(root, now=last + 3 * every + 0.01) == ("crashed", last)
     # The CLI's list jobs, on the wall clock: crashed once 1.5 s have passed.
-    wait_until(lambda: run_row(Store(root, root).tracker(), RUN_ID)["status"] == "crashed",
+    wait_until(lambda: run_row(open_reader(Store(root, root).tracker()), RUN_ID)["status"] == "crashed",
                "list jobs shows the run as crashed")
 
 

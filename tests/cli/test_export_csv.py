@@ -17,6 +17,7 @@ from async_tracker.adapters import as_sync
 from async_tracker.cli.main import main
 from async_tracker.cli.query import read_metrics
 from async_tracker.init_run import open_store
+from async_tracker.store.open import open_reader
 
 A = "proj/a-1"
 B = "proj/b-2"
@@ -64,7 +65,7 @@ def test_round_trip(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert values == TRICKY
     assert [math.copysign(1, v) for v in values] == [math.copysign(1, v) for v in TRICKY]
     # Times: the stored client timestamps, exact.
-    stored = read_metrics(as_sync(open_store(url)), A)["loss"]
+    stored = read_metrics(open_reader(as_sync(open_store(url))), A)["loss"]
     assert [float(r[4]) for r in body[4:]] == [p.timestamp for p in stored]
 
 

@@ -20,6 +20,7 @@ from async_tracker.cli.main import main
 from async_tracker.cli.query import read_metrics
 from async_tracker.init_run import open_store
 from async_tracker.spool import has_spool, run_dir_name
+from async_tracker.store.open import open_reader
 from tests.cli.conftest import child_env, cli
 from tests.core.helpers import wait_until
 from tests.faulty import FaultyTracker, Hang
@@ -63,7 +64,7 @@ def url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
 def test_rm_by_prefix_deletes_those_runs_only(url: str, capsys: pytest.CaptureFixture[str]) -> None:
     write(url, KEEP, GONE, OTHER)
     kept = as_sync(open_store(url))
-    before = (kept.metadata(KEEP), read_metrics(kept, KEEP))
+    before = (kept.metadata(KEEP), read_metrics(open_reader(kept), KEEP))
     assert listed(url, capsys) == {KEEP, GONE, OTHER}
 
     assert main(["--store", url, "rm", "proj/g", OTHER, "--yes"]) == 0
@@ -71,7 +72,7 @@ def test_rm_by_prefix_deletes_those_runs_only(url: str, capsys: pytest.CaptureFi
     assert lines == [f"{GONE}: store {url}: deleted", f"{OTHER}: store {url}: deleted"]
     assert ids(url) == {KEEP}
     assert listed(url, capsys) == {KEEP}
-    assert (kept.metadata(KEEP), read_metrics(kept, KEEP)) == before
+    assert (kept.metadata(KEEP), read_metrics(open_reader(kept), KEEP)) == before
     if not url.startswith("s3://"):
         # Nothing of theirs is left: status/, heartbeat/, claim.json and their summaries
         # went too.
@@ -178,7 +179,7 @@ def test_rm_of_every_configured_tracker_says_where_it_was_not(
     assert ids(str(store)) == set()
     after = TensorBoardTracker(board)
     assert set(after.run_ids()) == {nested}
-    assert [p.value for p in read_metrics(after, nested)["loss"]] == [2.0]
+    assert [p.value for p in read_metrics(open_reader(after), nested)["loss"]] == [2.0]
     assert not any("tfevents" in p.name for p in (board / "proj" / "gone-2").iterdir())
 
 

@@ -140,7 +140,8 @@ def test_export_tensorboard(url: str, tmp_path: Path, capsys: pytest.CaptureFixt
     # The same points (steps and client timestamps), params and ending as in the store.
     assert board.metrics(ALPHA) == store.metrics(ALPHA)
     assert board.metadata(ALPHA) == store.metadata(ALPHA)
-    assert [open_reader(board).status(r) for r in (ALPHA, FAILED)] == [("finished", None), ("failed", None)]
+    ended = [open_reader(board).status(r) for r in (ALPHA, FAILED)]
+    assert ended == [("finished", None), ("failed", None)]
 
 
 def test_export_without_the_tensorboard_extra(tmp_path: Path) -> None:
