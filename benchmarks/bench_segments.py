@@ -5,7 +5,7 @@
 Encode: the CPU time per point (``time.process_time``, all threads) of turning one flush's
 columns into a segment's bytes, as the tracker's worker thread does at every flush: the
 JSON encoder (``_encode_column`` per name, the backend's) against
-:func:`~async_tracker.backend.parquet.encode_segment`. Two flushes of a training loop
+:func:`~async_tracker.backend.fsspec.parquet.encode_segment`. Two flushes of a training loop
 logging 4 metrics per step: 10,000 steps (a full batch) and 100 steps (a small flush). The
 grouping of a flush's points into columns (``_columns_by_name``) comes before both and is
 shown on its own.
@@ -16,7 +16,7 @@ A third figure, for reference: ``encode_segment`` given the same columns as nump
 Decode: one metric of ``--points`` points in one segment, read back into columns: the
 backend's JSON reader (``parse_segment_columns``: lists), the dashboard's JSON reader
 (``async_tracker.ui.segments``: numpy, times left as text until a chart asks) and
-:func:`~async_tracker.backend.parquet.decode_segment` with every column, and with steps and
+:func:`~async_tracker.backend.fsspec.parquet.decode_segment` with every column, and with steps and
 values alone (what a chart by step reads). CPU time counts pyarrow's reader threads; wall
 time is shown too.
 
@@ -39,7 +39,7 @@ import numpy as np
 import pyarrow as pa
 
 from async_tracker.backend.fsspec import _columns_by_name, _encode_column, parse_segment_columns
-from async_tracker.backend.parquet import decode_segment, encode_segment
+from async_tracker.backend.fsspec.parquet import decode_segment, encode_segment
 from async_tracker.records import MetricRow
 from async_tracker.ui.segments import parse_segment
 

@@ -1,4 +1,4 @@
-"""Metric segments as Parquet (async_tracker.backend.parquet): what is written reads back
+"""Metric segments as Parquet (async_tracker.backend.fsspec.parquet): what is written reads back
 exactly and in write order, anything else is refused with one SegmentError, compaction
 keeps every row, and DuckDB, Polars and pandas read the files in place."""
 
@@ -17,7 +17,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from async_tracker.backend.parquet import (
+from async_tracker.backend.fsspec.parquet import (
     FORMAT_KEY,
     FORMAT_VERSION,
     METRIC_SCHEMA,
