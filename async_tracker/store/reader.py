@@ -43,8 +43,8 @@ _NO_FLOATS: FloatArray = np.empty(0, np.float64)
 @dataclass(frozen=True)
 class Scalars:
     """One metric's points as columns: ``steps`` (int64), ``values`` and ``times`` (float64,
-    seconds since the epoch), sorted by step, then in the order they were logged. The arrays
-    are never changed once returned."""
+    seconds since the epoch), sorted by step, then time (as ``metrics()`` orders points).
+    The arrays are never changed once returned."""
 
     steps: IntArray = field(default_factory=lambda: _NO_INTS)
     values: FloatArray = field(default_factory=lambda: _NO_FLOATS)
@@ -168,7 +168,8 @@ class RunReader(ABC):
         names: Collection[str] | None = None,
         since: object | None = None,
     ) -> ScalarsRead:
-        """The run's metrics (those of ``names``; all without it) as columns. With ``since``
+        """The run's metrics (those of ``names``; all without it) as columns, each sorted by
+    step then time. With ``since``
         (a cursor of an earlier call for this run) a store whose data is append-only returns
         only the points added after it (``reset`` False); the default reads every point."""
         curves = {
@@ -285,8 +286,8 @@ def reader_of(backend: AsyncTrackerBase, label: str | None = None) -> RunReader:
 
 
 def merge_points(parts: Iterable[Scalars]) -> Scalars:
-    """Several reads' points of one metric as one, sorted by step, stably (points of one
-    step keep the order of ``parts``, then their own)."""
+    """Several reads' points of one metric as one, sorted by step, then time (stably: points
+    alike keep the order of ``parts``, then their own)."""
     chunks = [p for p in parts if len(p)]
     if not chunks:
         return Scalars()
@@ -296,7 +297,7 @@ def merge_points(parts: Iterable[Scalars]) -> Scalars:
     values = np.concatenate([c.values for c in chunks])
     times = np.concatenate([c.times for c in chunks])
     if len(steps) > 1 and not bool(np.all(steps[1:] >= steps[:-1])):
-        order = np.argsort(steps, kind="stable")
+        order = np.lexsort((times, steps))  # stable
         steps, values, times = steps[order], values[order], times[order]
     return Scalars(steps, values, times)
 

@@ -65,7 +65,7 @@ class UnknownRunError(KeyError):
 @dataclass
 class Curve:
     """Every point of one metric of one run read so far: steps, values and times as numpy
-    float64 arrays in step order (then as logged). New chunks are appended and joined when
+    float64 arrays in step order (then time). New chunks are appended and joined when
     next read. Its run's lock guards it; the arrays it returns are never changed afterwards
     (a join makes new ones), so they are read without a lock."""
 
@@ -80,7 +80,7 @@ class Curve:
             self._chunks.append(chunk)
 
     def by_step(self) -> tuple[FloatArray, FloatArray]:
-        """``(steps, values)``, sorted by step, then as logged."""
+        """``(steps, values)``, sorted by step, then time."""
         if self._chunks:
             chunks, self._chunks = self._chunks, []
             in_order = len(self.steps) == 0 or chunks[0].steps.min() >= self.steps[-1]
@@ -91,8 +91,8 @@ class Curve:
             self.times = np.concatenate([self.times, *(c.times for c in chunks)])
             # (Not np.diff: it makes a float array as long as the curve.)
             in_order = in_order and bool(np.all(self.steps[1:] >= self.steps[:-1]))
-            if not in_order:  # a late writer (another rank): sort again, stably
-                order = np.argsort(self.steps, kind="stable")
+            if not in_order:  # a late writer (another rank): sort again, by step then time
+                order = np.lexsort((self.times, self.steps))
                 self.steps, self.values = self.steps[order], self.values[order]
                 self.times = self.times[order]
             self._by_time = None
@@ -184,10 +184,11 @@ class LiveStore:
             runs = listing.runs
             changed = [r for r in runs if r.run_id not in self._runs
                        or self._runs[r.run_id][0] != r]  # fmt: skip
-            if listing.complete:
-                gone = self._runs.keys() - {r.run_id for r in runs}
-            else:
-                gone = listing.gone & self._runs.keys()
+            gone: set[str] = (
+                self._runs.keys() - {r.run_id for r in runs}
+                if listing.complete
+                else set(listing.gone & self._runs.keys())
+            )
             if changed or gone:
                 self._version += 1
                 for r in changed:

@@ -11,10 +11,9 @@ from pathlib import Path
 import pytest
 
 from async_tracker.adapters import as_sync
-from async_tracker.cli.main import main, parser
+from async_tracker.cli.main import main
 from async_tracker.cli.sync import is_store_url
 from async_tracker.init_run import open_store
-from async_tracker.settings import DEFAULT_SYNC_TIMEOUT_S
 from tests.cli.conftest import Store, child_env, write_torchxconfig
 
 pytest.importorskip("async_tracker.sync")
@@ -97,7 +96,6 @@ def test_to_a_bare_word_is_a_store_unless_a_factory_has_that_name(
 def test_a_store_that_stays_down_ends_the_sync_with_the_spool_intact(
     tmp_path: Path, isolated: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    assert parser().parse_args(["sync"]).timeout == DEFAULT_SYNC_TIMEOUT_S
     spool = tmp_path / "spool"
     spool_a_run(spool)
     (isolated / "a-file").write_text("not a folder")  # a store that cannot take anything

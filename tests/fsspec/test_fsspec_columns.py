@@ -19,6 +19,7 @@ from hypothesis import strategies as st  # noqa: E402
 from async_tracker.backend.fsspec import _encode_column, parse_segment_columns  # noqa: E402
 from async_tracker.backend.fsspec import columns as segments  # noqa: E402
 from async_tracker.backend.fsspec.columns import Chunk, parse_segment, times_array  # noqa: E402
+from async_tracker.store.reader import Scalars  # noqa: E402
 from async_tracker.ui.live import Curve  # noqa: E402
 
 pytestmark = pytest.mark.server
@@ -80,12 +81,17 @@ def test_skipped_lines_are_described_as_the_strict_reader_does() -> None:
     assert columns(got["a"]) == ([0, 1], [1, 2], [1, 2])
 
 
+def scalars(chunk: Chunk) -> Scalars:
+    """A chunk as the reader hands it over (what the dashboard's curves take)."""
+    return Scalars(chunk.steps.astype(np.int64), chunk.values, times_array(chunk.times))
+
+
 def test_unreadable_times_are_left_out_of_time_charts_alone() -> None:
     data = line("a", [0, 1, 2], [1.0, 2.0, 3.0], [10.0, 20.0, 30.0])
     data = data.replace(b"20.0,", b"20.0.1,")
     (chunk,) = parse_segment(data)[0].values()
     curve = Curve()
-    curve.add(chunk)
+    curve.add(scalars(chunk))
     steps, values = curve.by_step()
     assert steps.tolist() == [0, 1, 2] and values.tolist() == [1, 2, 3]
     times, by_time = curve.by_time()
@@ -101,9 +107,9 @@ def test_times_that_are_not_a_flat_list_of_numbers_read_as_nan_each() -> None:
 
 def test_late_points_are_sorted_by_step_then_time_parsing_the_times() -> None:
     curve = Curve()
-    curve.add(parse_segment(line("a", [5, 6], [5.0, 6.0], [5.0, 6.0]))[0]["a"])
+    curve.add(scalars(parse_segment(line("a", [5, 6], [5.0, 6.0], [5.0, 6.0]))[0]["a"]))
     curve.by_step()
-    curve.add(parse_segment(line("a", [6, 1], [0.5, 1.0], [0.5, 1.0]))[0]["a"])
+    curve.add(scalars(parse_segment(line("a", [6, 1], [0.5, 1.0], [0.5, 1.0]))[0]["a"]))
     steps, values = curve.by_step()
     assert steps.tolist() == [1, 5, 6, 6] and values.tolist() == [1.0, 5.0, 0.5, 6.0]
     assert curve.by_time()[0].tolist() == [0.5, 1.0, 5.0, 6.0]

@@ -106,7 +106,7 @@ def test_the_cursor_returns_only_the_runs_changed_after_it(tmp_path: Path, store
 def test_unchanged_summary_files_are_not_read_again(store: Path) -> None:
     _, live = client_for(store)
     live.refresh(force=True)
-    cache: Any = live._summary_cache  # what the reader keeps between reads
+    cache: Any = live.reader.reader._cache  # type: ignore[attr-defined]  # the fsspec reader's
     first = cache.reads
     assert first >= 3
     live.refresh(force=True)
@@ -226,14 +226,16 @@ def test_points_of_a_live_run_are_read_incrementally(tmp_path: Path, store: Path
         query = {"run": "live/3", "metric": "loss"}
         first = ok(client.get("/api/series", params=query))["series"][0]
         assert first["count"] == 10
-        points = live._points["live/3"]  # the segments read so far
-        read_before = set(points.segments)
+        points = live._points["live/3"]
+        read_before = points.cursor  # the fsspec reader's cursor: the segments read so far
+        assert isinstance(read_before, frozenset)
         job.proc.stdin.write(b"log\n")  # type: ignore[union-attr]
         job.proc.stdin.flush()  # type: ignore[union-attr]
         assert job.readline(60) == "logged 11"
         second = ok(client.get("/api/series", params=query))["series"][0]
         assert second["count"] == 11 and second["x"][-1] == 10
-        assert len(points.segments - read_before) == 1  # the one new segment alone was read
+        assert isinstance(points.cursor, frozenset)
+        assert len(points.cursor - read_before) == 1  # the one new segment alone was read
     finally:
         job.proc.stdin.close()  # type: ignore[union-attr]
         assert job.wait(60) == 0
@@ -279,14 +281,14 @@ def test_preload_reads_the_newest_runs_within_its_budget_and_stops_when_told(
 ) -> None:
     live = LiveStore(open_reader(store), refresh_s=0.0)
     reads: list[str] = []
-    inner = live._inner
-    real = inner.metric_segments
+    inner: Any = live.reader.reader
+    real = inner.scalars
 
-    async def counted(run_id: str, known: Any, parse: Any) -> Any:
+    async def counted(run_id: str, names: Any, since: Any) -> Any:
         reads.append(run_id)
-        return await real(run_id, known, parse)
+        return await real(run_id, names, since)
 
-    inner.metric_segments = counted
+    inner.scalars = counted
     live.preload(threading.Event(), budget=720)  # two runs of 360 points
     assert reads == ["base/c", "base/b"] and live.held_points() == 720
     # Their charts come from memory; the run left out is read when asked for.
