@@ -61,6 +61,14 @@ class HybridClock:
     def __init__(self) -> None:
         self._last = 0
 
+    def observe(self, stamp_ns: int) -> None:
+        """Takes in a stamp seen elsewhere (the latest one a run stored before this process
+        resumed it): later stamps of this clock come after it, whatever this machine's wall
+        clock says. Raising the floor of a clock shared by the process's runs only moves
+        their stamps past a time some process already used."""
+        if stamp_ns > self._last:
+            self._last = stamp_ns
+
     def stamp(self, wall_ns: int) -> int:
         # No lock. The metadata clock (run.py) stamps on the callers' threads, on the hot path of
         # add_metadata, where a lock would add about a tenth to the cost of every call. Under the

@@ -181,12 +181,11 @@ def init(
         check_name(id, "id")
         check_run_id(id)
     started = time.time()
-    last_steps: dict[str, int] = {}
+    answer = _Answer(id, exists=False)
     resumed = False
     if store is not None:
-        id, last_steps, resumed = _start(
-            store, url, project, id, new_id, resume, bound, spool_dir
-        )
+        answer, resumed = _start(store, url, project, id, new_id, resume, bound, spool_dir)
+        id = answer.run_id
     extra = [build_tracker(b, b, None) if isinstance(b, str) else b for b in backends]
     names: list[str] | None = None
     stores: list[AnyTracker] = [store] if store is not None and not from_env else []
@@ -195,12 +194,16 @@ def init(
         # sync` with the same configuration finds them.
         stores = [t for _, t in from_env]
         names = [n for n, _ in from_env] + [backend_name(as_async(b)) for b in extra]
-    # A resumed run begins a new life: its ending, sealed with this start, takes over the
-    # endings of earlier lives (a job killed, then requeued, that finishes is finished).
+    # A resumed run begins a new life, one past the highest its store holds (a counter, not
+    # a clock): its ending takes over the endings of earlier lives (a job killed, then
+    # requeued, that finishes is finished), and while it beats the run is running. Its
+    # metadata is stamped after everything stored before, whatever the clocks did.
     run = AppRun(
-        id, [*stores, *extra], _last_steps=last_steps,
-        _life_start=started if resumed else 0.0, _backend_names=names, **options,
-    )
+        id, [*stores, *extra], _last_steps=answer.steps,
+        _life_start=started if resumed else 0.0,
+        _life=max(answer.life, 0) + 1 if resumed else 0,
+        _stamp_floor=answer.stamp_ns, _backend_names=names, **options,
+    )  # fmt: skip
     parent = os.environ.get(ENV_TORCHX_PARENT_RUN_ID)
     if parent and id == job_id:
         run.add_source(parent, None)
@@ -266,6 +269,9 @@ class _Answer:
     run_id: str
     exists: bool  # claimed (open elsewhere, or created earlier) or holding records
     steps: dict[str, int] = dataclasses.field(default_factory=dict)
+    # The highest life its writers recorded (-1: none) and its latest metadata stamp (ns).
+    life: int = -1
+    stamp_ns: int = 0
 
 
 def _start(
@@ -277,10 +283,10 @@ def _start(
     resume: Resume,
     bound: float,
     spool_dir: Path,
-) -> tuple[str, dict[str, int], bool]:
-    """The run id to open, the last step of each of its metrics, and whether the run existed
-    (in the store or this machine's spool), after asking the store for at most ``bound``
-    seconds; raises what ``resume`` refuses."""
+) -> tuple[_Answer, bool]:
+    """The store's answer (the run id to open, the last step of each of its metrics, its
+    lives and stamps) and whether the run existed (in the store or this machine's spool),
+    after asking the store for at most ``bound`` seconds; raises what ``resume`` refuses."""
     spooled = new_id is None and has_spool(spool_dir, run_id)
     claim = {
         "run_id": run_id, "project": project, "host": socket.gethostname(),
@@ -311,7 +317,7 @@ def _start(
         why = str(exc).splitlines()[0][:300]
     if answer is None:
         run_id, steps = _unanswered(url, run_id, new_id, resume, why, spool_dir)
-        return run_id, steps, spooled
+        return _Answer(run_id, spooled, steps), spooled
     if answer.exists and resume == "never" and new_id is None:
         raise TrackerConfigError(
             f"run {run_id!r} already exists in the store {url!r} or another process is "
@@ -325,7 +331,7 @@ def _start(
     steps = answer.steps
     if new_id is None:
         steps = _later(steps, spooled_last_steps(spool_dir, run_id))
-    return answer.run_id, steps, answer.exists or spooled
+    return dataclasses.replace(answer, steps=steps), answer.exists or spooled
 
 
 async def _ask(
@@ -351,7 +357,8 @@ async def _ask(
             return _Answer(run_id, exists=True)
         metrics = await store.metrics(run_id)
         steps = {k: max(p.step for p in pts) for k, pts in metrics.items() if pts}
-        return _Answer(run_id, exists=True, steps=steps)
+        life, stamp_ns = await store.life_state(run_id)
+        return _Answer(run_id, exists=True, steps=steps, life=life, stamp_ns=stamp_ns)
     if resume == "must" and not spooled:
         return _Answer(run_id, exists=False)  # refused: claim nothing
     # Claimed even by "allow" and "must": another process's resume="never" of this id must

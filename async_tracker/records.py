@@ -100,9 +100,11 @@ class Batch:
     rest) but not one of ``records``, which counts what the user logged. Backends store it
     last, after the batch's other parts (see :meth:`AsyncTrackerBase.write_batch`).
 
-    ``life_start`` goes with ``end``: when the process that sealed it began the run (its
-    first write). A run resumed after it ended (a requeued job) has a later life, whose ending
-    readers take over the earlier ones (see the fsspec store's ``run_status``).
+    ``life`` and ``life_start`` go with ``end``: which life of the run the process that
+    sealed it lived (0 for a run's first; a resumed run's is one past the highest its store
+    held, a counter, not a clock) and when it began the run. A run resumed after it ended (a
+    requeued job) has a later life, whose ending readers take over the earlier ones (see
+    the fsspec store's ``run_status``).
 
     ``done_for`` names the store the ``done`` marks were made in (the backend's
     ``store_id``): replayed into another store, the batch is written whole again.
@@ -125,6 +127,7 @@ class Batch:
     end: CloseReason | None = None
     end_time: float = 0.0
     life_start: float = 0.0
+    life: int = 0
     done_for: str | None = None
 
     def for_lane(self) -> Batch:
@@ -142,6 +145,7 @@ class Batch:
             end=self.end,
             end_time=self.end_time,
             life_start=self.life_start,
+            life=self.life,
         )
 
     def is_empty(self) -> bool:

@@ -240,6 +240,8 @@ class AppRun:
         _read_only: bool = False,
         _last_steps: Mapping[str, int] | None = None,
         _life_start: float = 0.0,
+        _life: int = 0,
+        _stamp_floor: int = 0,
         _replay: bool = False,
     ) -> None:
         check_name(id, "run id")
@@ -278,6 +280,10 @@ class AppRun:
         # A resumed run's last step of each metric: step-less points continue after it.
         self._last_steps = dict(_last_steps or {})
         self._life_start = _life_start
+        self._life = _life
+        # A resumed run's metadata is stamped after everything its earlier lives stored,
+        # whatever this machine's clock says (a requeued job on another host).
+        _metadata_clock.observe(_stamp_floor)
         # The backends that check records at the call site (see AsyncTrackerBase.validate).
         self._validators = [
             b.validate
@@ -598,6 +604,7 @@ class AppRun:
                     set_hot=self._set_hot,
                     last_steps=self._last_steps,
                     life_start=self._life_start,
+                    life=self._life,
                     io=process.spool_io,
                     ends_run=self._ends_run,
                 )

@@ -49,8 +49,11 @@ class Cutter:
     """The numbering state of one run: the next sequence number, the last step of each
     metric, and the pipeline's token (the middle part of batch keys)."""
 
-    def __init__(self, token: str) -> None:
+    def __init__(self, token: str, life: int = 0) -> None:
         self.token = token
+        # The run's life this process lives (see Batch.life): on every batch, so that the
+        # store knows a writer's life from its first write.
+        self.life = life
         self.next_seq = 0
         self.last_step: dict[str, int] = {}
         # The stamp of the run's last metadata record (see _mixed).
@@ -72,12 +75,15 @@ class Cutter:
         if None in steps:
             # Others, or step-less points: the per-record loop.
             batch = Batch(seq, records=len(records), first=first, key=self._key(seq))
+            batch.life = self.life
             self._mixed(records, batch)
             return batch
         # The last step of each name is its last point's: dict.update keeps the last. The
         # records are metric rows as they are: no object per point.
         self.last_step.update(zip(map(_NAME, records), steps))
-        return PointsBatch(seq, list(records), first=first, key=self._key(seq))
+        points = PointsBatch(seq, list(records), first=first, key=self._key(seq))
+        points.life = self.life
+        return points
 
     def cut_columns(self, columns: MetricColumns) -> Batch:
         """One batch of points taken as columns from the packed ingress (each with a step):
@@ -87,6 +93,7 @@ class Cutter:
         n = len(columns)
         self.next_seq = first + n
         batch = PointsBatch(first + n - 1, columns, first=first, key=self._key(first + n - 1))
+        batch.life = self.life
         index, steps = array("I", columns.index), array("q", columns.steps)
         names = columns.names
         if len(names) > _NAMES_SEARCHED:
@@ -108,8 +115,9 @@ class Cutter:
         seq = self.next_seq
         self.next_seq = seq + 1
         return Batch(
-            seq, first=seq, key=self._key(seq), end=reason, end_time=when, life_start=life_start
-        )
+            seq, first=seq, key=self._key(seq), end=reason, end_time=when,
+            life_start=life_start, life=self.life,
+        )  # fmt: skip
 
     def _mixed(self, records: Sequence[Record], batch: Batch) -> None:
         metadata = batch.metadata
@@ -170,7 +178,7 @@ def split(batch: Batch) -> list[Batch]:
     data = n - (batch.end is not None)  # the items that hold records
     parts: list[Batch] = []
     for i, (lo, hi) in enumerate(((0, cut), (cut, n))):
-        part = Batch(batch.seq, first=batch.first, key=f"{batch.key}.{i}")
+        part = Batch(batch.seq, first=batch.first, key=f"{batch.key}.{i}", life=batch.life)
         k = 0
         for name, value in batch.metadata.items():
             if lo <= k < hi:

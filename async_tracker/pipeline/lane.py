@@ -70,8 +70,13 @@ class Lane:
         segment_records: int = 500_000,
         rng: random.Random | None = None,
         heartbeat_s: float = 0.0,
+        life: int = 0,
     ) -> None:
         self.run_id = run_id
+        # Which life of the run this process lives (see Batch.life): said with each
+        # heartbeat, so that readers tell a requeued run's new life, beating, from the
+        # ending of an earlier one.
+        self.life = life
         self.name = name
         self.backend = backend
         self.policy = policy
@@ -221,7 +226,7 @@ class Lane:
         return {
             "lag_s": round(s.lag_s, 3), "pending": s.in_flight, "spooled": s.spooled,
             "delivered": s.delivered, "dropped": s.dropped, "retries": s.retries,
-            "last_error": s.last_error, "healthy": s.healthy,
+            "last_error": s.last_error, "healthy": s.healthy, "life": self.life,
         }  # fmt: skip
 
     # -- what the log tells --------------------------------------------------------------------

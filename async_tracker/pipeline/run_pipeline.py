@@ -70,6 +70,7 @@ class RunPipeline:
         rng: random.Random | None = None,
         last_steps: Mapping[str, int] | None = None,
         life_start: float = 0.0,
+        life: int = 0,
         ends_run: bool = True,
     ) -> None:
         self.run_id = run_id
@@ -79,12 +80,13 @@ class RunPipeline:
         # When this process resumed the run (0: the run's first life): sealed with the end
         # record, so that readers tell a resumed run's later life from the ranks of one.
         self.life_start = life_start
+        self.life = life
         self.ingress = ingress
         self.options = options
         self.owns_backends = owns_backends
         self.clock = clock or Clock()
         self.token = token or new_token()
-        self.cutter = Cutter(self.token)
+        self.cutter = Cutter(self.token, life)
         self.cutter.last_step.update(last_steps or {})  # a resumed run goes on from its steps
         spool_dir = Path(options.spool_dir) if options.spool_dir else default_spool_dir()
         # Spool files are read and written on the process's spool thread (the simulator's
@@ -111,6 +113,7 @@ class RunPipeline:
                 segment_records=max(1, options.max_buffered // 2),
                 rng=rng,
                 heartbeat_s=options.heartbeat_s,
+                life=life,
             )
             for name, backend in backends
         ]

@@ -111,6 +111,8 @@ def encode_batch(batch: Batch) -> bytes:
     # keys they do not know).
     if batch.end is not None:
         body["end"] = [batch.end, batch.end_time, batch.life_start]
+    if batch.life:
+        body["life"] = batch.life
     if batch.done_for is not None:
         body["done_for"] = batch.done_for
     data = json.dumps(body, separators=(",", ":")).encode("utf-8")
@@ -143,6 +145,7 @@ def decode_batch(line: bytes) -> Batch:
         end=end,
         end_time=float(end_time),
         life_start=float(life_start),
+        life=int(body.get("life", 0)),
         done_for=None if done_for is None else str(done_for),
     )
 

@@ -18,8 +18,6 @@ import os
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-import numpy as np
-
 from async_tracker.adapters import TrackerLike
 from async_tracker.base import AsyncTrackerBase
 from async_tracker.store.open import open_reader
@@ -101,6 +99,8 @@ class Store:
             if not curves and not self.reader.run_exists(run_id):
                 raise KeyError(f"no run {run_id!r} in {self!r}")
             parts.extend((run_id, name, points) for name, points in curves.items())
+        import numpy as np
+
         try:
             import pandas
         except ImportError:
@@ -121,6 +121,8 @@ class Store:
 
 
 def _joined(arrays: list[Any], dtype: Any) -> Any:
+    import numpy as np
+
     return np.concatenate(arrays) if arrays else np.empty(0, dtype)
 
 

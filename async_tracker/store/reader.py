@@ -20,24 +20,35 @@ The sync face with a deadline on every call, which users and the CLI hold, is
 
 from __future__ import annotations
 
+import logging
 import math
 from abc import ABC, abstractmethod
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol, runtime_checkable
-
-import numpy as np
-import numpy.typing as npt
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from async_tracker.base import AsyncTrackerBase
 from async_tracker.records import Lineage, TrackerArtifact, TrackerMetric
 from async_tracker.store.summary import MetricSummary, RunSummary
+from async_tracker.tags import split_metadata
 
-IntArray = npt.NDArray[np.int64]
-FloatArray = npt.NDArray[np.float64]
+logger = logging.getLogger(__name__)
 
-_NO_INTS: IntArray = np.empty(0, np.int64)
-_NO_FLOATS: FloatArray = np.empty(0, np.float64)
+if TYPE_CHECKING:
+    import numpy as np
+    import numpy.typing as npt
+
+    IntArray = npt.NDArray[np.int64]
+    FloatArray = npt.NDArray[np.float64]
+
+# numpy is imported by the reads that make columns, not with the package: a training job
+# that only writes never loads it.
+
+
+def _empty(dtype: str) -> Any:
+    import numpy as np
+
+    return np.empty(0, dtype)
 
 
 @dataclass(frozen=True)
@@ -46,9 +57,9 @@ class Scalars:
     seconds since the epoch), sorted by step, then time (as ``metrics()`` orders points).
     The arrays are never changed once returned."""
 
-    steps: IntArray = field(default_factory=lambda: _NO_INTS)
-    values: FloatArray = field(default_factory=lambda: _NO_FLOATS)
-    times: FloatArray = field(default_factory=lambda: _NO_FLOATS)
+    steps: IntArray = field(default_factory=lambda: _empty("int64"))
+    values: FloatArray = field(default_factory=lambda: _empty("float64"))
+    times: FloatArray = field(default_factory=lambda: _empty("float64"))
 
     def __len__(self) -> int:
         return len(self.steps)
@@ -56,6 +67,8 @@ class Scalars:
     @classmethod
     def of(cls, points: Sequence[TrackerMetric]) -> Scalars:
         """The columns of ``points`` (in step order already, as ``metrics()`` gives them)."""
+        import numpy as np
+
         return cls(
             np.fromiter((p.step for p in points), np.int64, len(points)),
             np.fromiter((p.value for p in points), np.float64, len(points)),
@@ -191,6 +204,10 @@ class RunReader(ABC):
         return {}
 
 
+# The backend classes whose lack of a reader was said (see GenericReader.run_summaries).
+_TOLD: set[type] = set()
+
+
 @runtime_checkable
 class ProvidesReader(Protocol):
     """A backend with a native reader: ``reader()`` returns it."""
@@ -212,6 +229,15 @@ class GenericReader(RunReader):
         return f"GenericReader({self.backend!r})"
 
     async def run_summaries(self) -> list[RunSummary]:
+        backend = type(self.backend)
+        if type(self) is GenericReader and backend not in _TOLD:
+            # Said once per backend class: its author can bring a native reader.
+            _TOLD.add(backend)
+            logger.warning(
+                "async_tracker: %s has no reader of its own: listing its runs reads every "
+                "point of every run (a backend's reader() method gives a faster one; see "
+                "docs/reading.md)", backend.__qualname__,
+            )
         return [await self._summary_of(run_id) for run_id in await self.run_ids()]
 
     async def run_summary(self, run_id: str) -> RunSummary | None:
@@ -246,8 +272,6 @@ class GenericReader(RunReader):
         status, end = await self.status(run_id)
         metrics = {name: summarize_points(points) for name, points in curves.items()}
         stamps = [p.timestamp for points in curves.values() for p in points]
-        from async_tracker.tags import split_metadata
-
         params, tags, note = split_metadata(dict(await self.metadata(run_id)))
         return RunSummary(
             run_id=run_id,
@@ -288,6 +312,8 @@ def reader_of(backend: AsyncTrackerBase, label: str | None = None) -> RunReader:
 def merge_points(parts: Iterable[Scalars]) -> Scalars:
     """Several reads' points of one metric as one, sorted by step, then time (stably: points
     alike keep the order of ``parts``, then their own)."""
+    import numpy as np
+
     chunks = [p for p in parts if len(p)]
     if not chunks:
         return Scalars()

@@ -52,7 +52,6 @@ from async_tracker.backend.fsspec.layout import (
 # Private names that tests import from here.
 from async_tracker.backend.fsspec.layout import _names as _names
 from async_tracker.backend.fsspec.reader import FsspecReader, _Parsed
-from async_tracker.backend.fsspec.runreader import FsspecRunReader
 from async_tracker.backend.fsspec.segments import (
     MAX_STRIDE,
     UNPARSEABLE_LINE,
@@ -104,7 +103,6 @@ __all__ = [
     "UNPARSEABLE_LINE",
     "AsyncFsspecTracker",
     "FsspecReader",
-    "FsspecRunReader",
     "FsspecTracker",
     "FsspecWriter",
     "NotADirectory",
@@ -283,8 +281,17 @@ class AsyncFsspecTracker(AsyncTrackerBase):
         :func:`~async_tracker.backend.fsspec.summaries.run_summaries`)."""
         return await summaries.run_summaries(self._reader, now, cache=cache)
 
+    async def life_state(self, run_id: str) -> tuple[int, int]:
+        """See :meth:`FsspecReader.life_state`."""
+        return await self._reader.life_state(run_id)
+
     def reader(self) -> RunReader:
-        """The read side's view of this store (see :class:`FsspecRunReader`)."""
+        """The read side's view of this store (see
+        :class:`~async_tracker.backend.fsspec.runreader.FsspecRunReader`)."""
+        # Imported here: it reads columns with numpy, which a process that only writes
+        # never loads.
+        from async_tracker.backend.fsspec.runreader import FsspecRunReader
+
         return FsspecRunReader(self._reader, f"store {self.store_url}")
 
     def __repr__(self) -> str:

@@ -96,6 +96,17 @@ def _parse_heartbeat(_: str, data: bytes) -> tuple[float, float]:
     return when, every
 
 
+def _parse_life(_: str, data: bytes) -> int:
+    """The life of the run a status or heartbeat file's writer lived (0: a file of a writer
+    that did not say, a first life)."""
+    content = json.loads(data)
+    delivery = content.get("delivery")
+    life = content.get("life", delivery.get("life", 0) if isinstance(delivery, dict) else 0)
+    if isinstance(life, bool) or not isinstance(life, int):
+        raise ValueError(f"life {life!r} is not a whole number")
+    return life
+
+
 def _parse_heartbeat_file(data: bytes) -> dict[str, object]:
     when, every = _parse_heartbeat("", data)
     content = json.loads(data)

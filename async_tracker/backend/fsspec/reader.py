@@ -38,6 +38,7 @@ from async_tracker.backend.fsspec.parsing import (
     _parse_edges,
     _parse_heartbeat,
     _parse_heartbeat_file,
+    _parse_life,
     _parse_metadata,
     _parse_status,
     _Skipped,
@@ -363,3 +364,17 @@ class FsspecReader:
         )
         skipped.warn()
         return {name.removesuffix(".json"): beat for name, beat in parsed}
+
+    async def life_state(self, run_id: str) -> tuple[int, int]:
+        """What a process resuming ``run_id`` continues after: the highest life its writers
+        recorded (in their endings and heartbeats; -1 for none) and the latest metadata
+        stamp it holds (ns; 0 for none). Three listings and the status and heartbeat files:
+        read once, at a resume."""
+        skipped = _Skipped()
+        ends = await self.parsed(self.path(run_id, STATUS_DIR), _parse_life, skipped)
+        beats = await self.parsed(self.path(run_id, HEARTBEAT_DIR), _parse_life, skipped)
+        names = await self.storage.ls_or_none(self.path(run_id, METADATA_DIR)) or []
+        skipped.warn()
+        lives = [life for _, life in [*ends, *beats]]
+        stamps = [_write_order(name)[0] for name, _ in names]
+        return max(lives, default=-1), max(stamps, default=0)

@@ -63,6 +63,7 @@ from async_tracker.backend.mlflow.mapping import (
     source_value,
     tag_problem,
 )
+from async_tracker.backend.mlflow.reader import MLflowReader
 from async_tracker.backend.mlflow.requests import MetricEntry, Request, plan_requests
 from async_tracker.backend.mlflow.runs import RunBook, RunRef, run_id_of, start_order
 from async_tracker.base import END_PART, AsyncTrackerBase, Checked, CloseReason
@@ -76,6 +77,7 @@ from async_tracker.records import (
     sort_points,
 )
 from async_tracker.runtime.process import run_blocking
+from async_tracker.store.reader import RunReader
 from async_tracker.tags import NOTE_KEY, TAG_KEY_PREFIX, is_reserved_key
 
 if sys.version_info < (3, 11):  # pragma: no cover - 3.10
@@ -637,6 +639,10 @@ class AsyncMLflowTracker(AsyncTrackerBase):
         UI and searches hide (``run_ids`` too); ``mlflow gc`` removes it for good."""
         await self._blocking("delete_run", self._delete_sync, run_id)
         return True
+
+    def reader(self) -> RunReader:
+        """The read side's view of this experiment (see :class:`MLflowReader`)."""
+        return MLflowReader(self)
 
     # -- MLflow objects ------------------------------------------------------------------------
     async def experiment(self) -> Any:
