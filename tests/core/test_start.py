@@ -89,8 +89,10 @@ def test_the_start_asks_about_its_run_never_lists_the_store(
     assert root not in listings, listings
     old = str(store / encode_run_id("p/old-3"))
     # The given new id: no listing (a lookup of its directory). The resumed one: its
-    # directory and its metrics.
-    assert sorted(listings) == sorted([old, f"{old}/metrics"]), listings
+    # directory, its metrics (its last steps), and its status, heartbeat and metadata folders
+    # (the life it continues after, and its latest metadata stamp).
+    expected = [old, *(f"{old}/{part}" for part in ("metrics", "status", "heartbeat", "metadata"))]
+    assert sorted(listings) == sorted(expected), listings
 
 
 # -- bad paths ------------------------------------------------------------------------------------
