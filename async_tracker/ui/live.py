@@ -187,7 +187,7 @@ class LiveStore:
             if listing.complete:
                 gone = self._runs.keys() - {r.run_id for r in runs}
             else:
-                gone = listing.gone & self._runs.keys()
+                gone = set(listing.gone) & self._runs.keys()
             if changed or gone:
                 self._version += 1
                 for r in changed:

@@ -144,8 +144,10 @@ def test_a_sigkilled_job_is_crashed_once_its_heartbeats_are_old(tmp_path: Path) 
     assert status(root, now=last + 2 * every) == ("running", None)
     assert status(root, now=last + 3 * every + 0.01) == ("crashed", last)
     # The CLI's list jobs, on the wall clock: crashed once 1.5 s have passed.
-    wait_until(lambda: run_row(open_reader(Store(root, root).tracker()), RUN_ID)["status"] == "crashed",
-               "list jobs shows the run as crashed")
+    wait_until(
+        lambda: run_row(open_reader(Store(root, root).tracker()), RUN_ID)["status"] == "crashed",
+        "list jobs shows the run as crashed",
+    )
 
 
 def test_a_run_without_heartbeats_stays_running(tmp_path: Path) -> None:
