@@ -142,6 +142,11 @@ class InMemoryTracker(AsyncTrackerBase):
         run = self.runs.get(run_id)
         return None if run is None else run.ended
 
+    async def run_status(self, run_id: str) -> CloseReason | None:
+        """:meth:`ended`, as the read side asks for it (see
+        :class:`~async_tracker.store.reader.RecordsEndings`)."""
+        return self.ended(run_id)
+
     async def write_batch(self, run_id: str, batch: Batch) -> None:
         # The points as the batch holds them (no TrackerMetric per point: reads make them);
         # the rest as the default does.

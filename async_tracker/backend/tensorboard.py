@@ -118,6 +118,7 @@ T = TypeVar("T")
 
 SIDE_DIR = ".async_tracker"
 RUN_FILE = "run.json"
+STATUS_SUFFIX = "-status.json"  # the side files of a run's endings
 TMP_PREFIX = ".tmp-"
 # Text tags of the run's records; metric names may not take them (see ``validate``).
 TAG_PREFIX = "async_tracker/"
@@ -353,6 +354,7 @@ class _Records:
     sources: list[TrackerSource] = field(default_factory=list)
     descendants: list[TrackerSource] = field(default_factory=list)
     status: str | None = None
+    ended: float | None = None  # when the run ended with ``status``
 
 
 def _new_name() -> str:
@@ -489,7 +491,7 @@ class AsyncTensorBoardTracker(AsyncTrackerBase):
 
     async def run_status(self, run_id: str) -> str | None:
         """How the run ended (``finished``, ``failed``, ``killed``), None while running."""
-        records = await self._blocking(self._read_records, run_id)
+        records = await self._blocking(self._read_records, run_id, STATUS_SUFFIX)
         return records.status
 
     def reader(self) -> RunReader:
@@ -621,7 +623,7 @@ class AsyncTensorBoardTracker(AsyncTrackerBase):
         with state.lock:
             now = time.time()
             data = _json({"status": reason, "time": end_time})
-            _put(os.path.join(state.logdir, SIDE_DIR, f"{_new_name()}-status.json"), data)
+            _put(os.path.join(state.logdir, SIDE_DIR, f"{_new_name()}{STATUS_SUFFIX}"), data)
             status = _text_event(STATUS_TAG, [[_cell(reason)]], now)
             self._append(state, _framed([status, _session_end_event(reason, end_time, now)]))
 
@@ -652,12 +654,14 @@ class AsyncTensorBoardTracker(AsyncTrackerBase):
     async def metrics(self, run_id: str) -> Mapping[str, Sequence[TrackerMetric]]:
         return await self._blocking(self._read_metrics, run_id)
 
-    def _read_records(self, run_id: str) -> _Records:
+    def _read_records(self, run_id: str, suffix: str = ".json") -> _Records:
+        """The run's side files whose names end with ``suffix`` (all of them by default;
+        ``STATUS_SUFFIX``: its endings alone), merged."""
         side = os.path.join(self.logdir(run_id), SIDE_DIR)
         out = _Records()
         skipped: list[str] = []
         for name in _listdir(side, skipped):
-            if not name.endswith(".json") or name == RUN_FILE or name.startswith(TMP_PREFIX):
+            if not name.endswith(suffix) or name == RUN_FILE or name.startswith(TMP_PREFIX):
                 continue
             path = os.path.join(side, name)
             try:
@@ -858,10 +862,16 @@ def _read_event_file(
 
     A point that follows a batch event is the batch's n-th: ``(batch, n)`` in ``seen`` means
     a replay of the batch stored it already (in this file or an earlier one), and it is
-    skipped. Every other point is kept, however alike another."""
+    skipped. Every other point is kept, however alike another.
+
+    TensorBoard's loader ends a file quietly at its first record that does not read (a
+    torn last record is how a live file ends), so a file of which no record reads at all,
+    though not empty, is not an event file: ``ValueError``, for the caller to name it."""
     batch: _BatchInfo | None = None
     index = left = 0
+    records = 0
     for raw in RawEventFileLoader(path).Load():
+        records += 1
         event = event_pb2.Event.FromString(raw)
         if not event.HasField("summary"):
             continue
@@ -903,6 +913,8 @@ def _read_event_file(
                 seen.add(ident)
             metric = TrackerMetric(tag, number, int(event.step), float(event.wall_time))
             points.setdefault(tag, []).append(metric)
+    if not records and os.path.getsize(path):
+        raise ValueError("no event record reads: not an event file")
 
 
 def _parse_record(data: bytes) -> _Records:
@@ -923,8 +935,10 @@ def _parse_record(data: bytes) -> _Records:
     for key, into in (("sources", out.sources), ("descendants", out.descendants)):
         for run, artifact in entry.get(key, ()):
             into.append(TrackerSource(str(run), None if artifact is None else str(artifact)))
-    status = entry.get("status")
-    out.status = None if status is None else str(status)
+    status, ended = entry.get("status"), entry.get("time")
+    if status is not None:
+        out.status = str(status)
+        out.ended = None if ended is None else float(ended)
     return out
 
 
@@ -935,7 +949,8 @@ def _merge(out: _Records, record: _Records) -> None:
     out.artifacts.update(record.artifacts)
     for into, edges in ((out.sources, record.sources), (out.descendants, record.descendants)):
         into.extend(e for e in edges if e not in into)
-    out.status = record.status or out.status
+    if record.status:
+        out.status, out.ended = record.status, record.ended
 
 
 def _holds_run(folder: str) -> bool:
@@ -1017,7 +1032,7 @@ def _append_error(exc: OSError, path: str) -> BackendError:
 
 class TensorBoardReader(GenericReader):
     """:class:`~async_tracker.store.reader.GenericReader` over a TensorBoard log directory,
-    with each run's ending as its end record stored it (the time it ended is not kept)."""
+    with each run's ending and the time it ended as its end record stored them."""
 
     backend: AsyncTensorBoardTracker
 
@@ -1025,7 +1040,12 @@ class TensorBoardReader(GenericReader):
         super().__init__(backend, f"tensorboard {backend.root_dir}")
 
     async def status(self, run_id: str) -> tuple[str, float | None]:
-        return (await self.backend.run_status(run_id)) or "running", None
+        records = await self.backend._blocking(
+            self.backend._read_records, run_id, STATUS_SUFFIX
+        )
+        if records.status is None:
+            return "running", None
+        return records.status, records.ended
 
 
 class TensorBoardTracker(SyncTracker):

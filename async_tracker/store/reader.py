@@ -24,7 +24,7 @@ import logging
 import math
 from abc import ABC, abstractmethod
 from collections.abc import Collection, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields, is_dataclass
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from async_tracker.base import AsyncTrackerBase
@@ -140,7 +140,12 @@ class RunReader(ABC):
         cursor = _SnapshotCursor(now)
         if seen is None:
             return RunListing(runs, frozenset(), cursor, complete=True)
-        changed = [r for r in runs if seen.get(r.run_id) != r]
+        # Compared NaN-aware: a summary holding a NaN (a param, a last value) read twice is
+        # unchanged, though NaN != NaN (and two reads of it are two float objects).
+        changed = [
+            r for r in runs
+            if (old := seen.get(r.run_id)) is None or (old != r and not same_data(old, r))
+        ]  # fmt: skip
         return RunListing(changed, frozenset(seen.keys() - now.keys()), cursor, complete=False)
 
     async def run_summary(self, run_id: str) -> RunSummary | None:
@@ -215,6 +220,16 @@ class ProvidesReader(Protocol):
     def reader(self) -> RunReader: ...
 
 
+@runtime_checkable
+class RecordsEndings(Protocol):
+    """A backend that keeps how its runs ended: ``run_status(run_id)`` gives the ending
+    (``finished``, ``failed``, ``killed``), alone or with the time the run ended as
+    ``(status, time)``, and None (or ``("running", None)``) for a run that has not ended.
+    :class:`GenericReader` reads a run's status through it."""
+
+    async def run_status(self, run_id: str) -> str | tuple[str, float | None] | None: ...
+
+
 class GenericReader(RunReader):
     """The reader of a backend without a native one: every run read through the tracker
     API (its metadata and every point), summarised here. Correct for any backend that passes
@@ -230,8 +245,10 @@ class GenericReader(RunReader):
 
     async def run_summaries(self) -> list[RunSummary]:
         backend = type(self.backend)
-        if type(self) is GenericReader and backend not in _TOLD:
-            # Said once per backend class: its author can bring a native reader.
+        ours = backend.__module__.startswith("async_tracker.")
+        if type(self) is GenericReader and not ours and backend not in _TOLD:
+            # Said once per backend class: its author can bring a native reader (the
+            # package's own backends without one, MLflow's, list through the server).
             _TOLD.add(backend)
             logger.warning(
                 "async_tracker: %s has no reader of its own: listing its runs reads every "
@@ -265,7 +282,14 @@ class GenericReader(RunReader):
         return await self.backend.metrics(run_id)
 
     async def status(self, run_id: str) -> tuple[str, float | None]:
-        return "", None
+        """The ending the backend keeps (see :class:`RecordsEndings`): ``running`` until
+        the run has one; ``""`` from a backend that keeps none."""
+        if not isinstance(self.backend, RecordsEndings):
+            return "", None
+        ending = await self.backend.run_status(run_id)
+        if isinstance(ending, tuple):
+            return ending
+        return ending or "running", None
 
     async def _summary_of(self, run_id: str) -> RunSummary:
         curves = {n: p for n, p in (await self.metrics(run_id)).items() if p}
@@ -309,6 +333,22 @@ def reader_of(backend: AsyncTrackerBase, label: str | None = None) -> RunReader:
     return GenericReader(backend, label)
 
 
+def same_data(a: object, b: object) -> bool:
+    """``a == b``, with NaN equal to NaN at any depth: in floats, mappings, lists, tuples and
+    dataclasses (a :class:`RunSummary`, its :class:`MetricSummary`)."""
+    if a is b:
+        return True
+    if isinstance(a, float) and isinstance(b, float):
+        return a == b or (math.isnan(a) and math.isnan(b))
+    if isinstance(a, Mapping) and isinstance(b, Mapping):
+        return a.keys() == b.keys() and all(same_data(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        return type(a) is type(b) and len(a) == len(b) and all(map(same_data, a, b))
+    if is_dataclass(a) and not isinstance(a, type) and type(a) is type(b):
+        return all(same_data(getattr(a, f.name), getattr(b, f.name)) for f in fields(a))
+    return a == b
+
+
 def merge_points(parts: Iterable[Scalars]) -> Scalars:
     """Several reads' points of one metric as one, sorted by step, then time (stably: points
     alike keep the order of ``parts``, then their own)."""
@@ -329,6 +369,6 @@ def merge_points(parts: Iterable[Scalars]) -> Scalars:
 
 
 __all__ = [
-    "GenericReader", "ProvidesReader", "RunListing", "RunReader", "Scalars", "ScalarsRead",
-    "merge_points", "reader_of", "summarize_points",
+    "GenericReader", "ProvidesReader", "RecordsEndings", "RunListing", "RunReader", "Scalars",
+    "ScalarsRead", "merge_points", "reader_of", "same_data", "summarize_points",
 ]

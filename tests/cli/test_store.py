@@ -141,7 +141,8 @@ def test_export_tensorboard(url: str, tmp_path: Path, capsys: pytest.CaptureFixt
     assert board.metrics(ALPHA) == store.metrics(ALPHA)
     assert board.metadata(ALPHA) == store.metadata(ALPHA)
     ended = [open_reader(board).status(r) for r in (ALPHA, FAILED)]
-    assert ended == [("finished", None), ("failed", None)]
+    assert [e[0] for e in ended] == ["finished", "failed"]
+    assert ended == [open_reader(url).status(r) for r in (ALPHA, FAILED)]  # and when
 
 
 def test_export_without_the_tensorboard_extra(tmp_path: Path) -> None:

@@ -63,9 +63,14 @@ from async_tracker.backend.mlflow.mapping import (
     source_value,
     tag_problem,
 )
-from async_tracker.backend.mlflow.reader import MLflowReader
 from async_tracker.backend.mlflow.requests import MetricEntry, Request, plan_requests
-from async_tracker.backend.mlflow.runs import RunBook, RunRef, run_id_of, start_order
+from async_tracker.backend.mlflow.runs import (
+    STATUS_OF_REASON,
+    RunBook,
+    RunRef,
+    run_id_of,
+    start_order,
+)
 from async_tracker.base import END_PART, AsyncTrackerBase, Checked, CloseReason
 from async_tracker.errors import BackendError, RecordError, TransientBackendError
 from async_tracker.records import (
@@ -77,7 +82,6 @@ from async_tracker.records import (
     sort_points,
 )
 from async_tracker.runtime.process import run_blocking
-from async_tracker.store.reader import RunReader
 from async_tracker.tags import NOTE_KEY, TAG_KEY_PREFIX, is_reserved_key
 
 if sys.version_info < (3, 11):  # pragma: no cover - 3.10
@@ -89,6 +93,8 @@ T = TypeVar("T")
 # Attempts at a log_batch whose first-write params race with another process's (each
 # attempt reads the run's params again and sends only those still missing).
 PARAM_RACE_ATTEMPTS = 3
+# An MLflow run's end status as the read side names it (RUNNING, SCHEDULED: not ended).
+ENDING_OF_STATUS: dict[str, str] = {status: reason for reason, status in STATUS_OF_REASON.items()}
 
 
 class AsyncMLflowTracker(AsyncTrackerBase):
@@ -624,6 +630,22 @@ class AsyncMLflowTracker(AsyncTrackerBase):
         millisecond resolution; infinities come back as infinities."""
         return await self._blocking("get_metric_history", self._metrics_sync, run_id)
 
+    def _status_sync(self, run_id: str) -> tuple[str, float | None] | None:
+        ref = self.runs.resolve(run_id, create=False)
+        if ref is None:
+            return None
+        info = self.client.get_run(ref.uuid).info
+        ending = ENDING_OF_STATUS.get(str(info.status))
+        if ending is None:  # RUNNING, SCHEDULED
+            return "running", None
+        return ending, info.end_time / 1000.0 if info.end_time is not None else None
+
+    async def run_status(self, run_id: str) -> tuple[str, float | None] | None:
+        """How the MLflow run of ``run_id`` ended and when (``finished``, ``failed`` or
+        ``killed``, and its end time in seconds), ``("running", None)`` before, None when
+        the experiment holds no such run: what the read side shows as the run's status."""
+        return await self._blocking("get_run", self._status_sync, run_id)
+
     def _delete_sync(self, run_id: str) -> None:
         runs = self.runs.candidates(run_id)
         if not runs:
@@ -639,10 +661,6 @@ class AsyncMLflowTracker(AsyncTrackerBase):
         UI and searches hide (``run_ids`` too); ``mlflow gc`` removes it for good."""
         await self._blocking("delete_run", self._delete_sync, run_id)
         return True
-
-    def reader(self) -> RunReader:
-        """The read side's view of this experiment (see :class:`MLflowReader`)."""
-        return MLflowReader(self)
 
     # -- MLflow objects ------------------------------------------------------------------------
     async def experiment(self) -> Any:
