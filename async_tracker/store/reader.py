@@ -27,6 +27,7 @@ from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, fields, is_dataclass
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
+from async_tracker.adapters import ForeignTracker, ThreadedTracker
 from async_tracker.base import AsyncTrackerBase
 from async_tracker.records import Lineage, TrackerArtifact, TrackerMetric
 from async_tracker.store.summary import MetricSummary, RunSummary
@@ -244,7 +245,7 @@ class GenericReader(RunReader):
         return f"GenericReader({self.backend!r})"
 
     async def run_summaries(self) -> list[RunSummary]:
-        backend = type(self.backend)
+        backend = _origin(self.backend)
         ours = backend.__module__.startswith("async_tracker.")
         if type(self) is GenericReader and not ours and backend not in _TOLD:
             # Said once per backend class: its author can bring a native reader (the
@@ -308,6 +309,14 @@ class GenericReader(RunReader):
             note=note,
             metrics=metrics,
         )
+
+
+def _origin(backend: object) -> type:
+    """The class of the backend itself, seen through the package's adapters (a torchx
+    ``TrackerBase`` plug-in runs behind a ``ThreadedTracker``)."""
+    while isinstance(backend, (ThreadedTracker, ForeignTracker)):
+        backend = backend.tracker
+    return type(backend)
 
 
 def summarize_points(points: Sequence[TrackerMetric]) -> MetricSummary:
