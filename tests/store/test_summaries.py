@@ -7,16 +7,20 @@ without any summary (older stores, torchx's) rebuilt once."""
 from __future__ import annotations
 
 import json
+import logging
+import math
 import os
 import signal
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import fsspec
+import pytest
 from fsspec.implementations.local import LocalFileSystem
 
-from async_tracker import AppRun
+from async_tracker import AppRun, Store
 from async_tracker.backend.fsspec import (
     REBUILT_TOKEN,
     SUMMARY_PREFIX,
@@ -25,6 +29,7 @@ from async_tracker.backend.fsspec import (
     encode_run_id,
     summary_path,
 )
+from async_tracker.cli.main import main
 from async_tracker.init_run import open_store
 from async_tracker.records import Batch, TrackerMetric
 from async_tracker.runtime.process import runtime
@@ -296,3 +301,88 @@ def test_a_new_run_is_not_rebuilt(tmp_path: Path) -> None:
     assert json.loads(own.read_text())["prior"] is False
     summaries(root)
     assert not rebuilt_summary(root).exists()
+
+
+def nested(levels: int) -> object:
+    value: object = "bottom"
+    for _ in range(levels):
+        value = [value]
+    return value
+
+
+def test_params_json_lacks_are_read_back_from_the_summary_exactly(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture
+) -> None:
+    # NaN and infinities (JSON has none: Python writes its own tokens, which orjson refuses),
+    # integers past 64 bits (orjson reads them as floats) and values nested deeper than
+    # orjson writes: a run holds them, so its summary must, or every listing rebuilds the run.
+    root = tmp_path / "runs"
+    odd = {"nan": math.nan, "inf": math.inf, "ninf": -math.inf,
+           "inner": {"a": [math.nan, {"b": -math.inf}], "c": 1}}  # fmt: skip
+    with AppRun(RUN, [open_store(root)], heartbeat_s=0) as run:
+        run.add_metadata(**odd)
+        run.log_metric("loss", 1.0, step=0)
+    # The call site refuses huge ints and deep values, but the backend's own API (unchecked,
+    # torchx's) stores them.
+    direct, other = open_store(root), "proj/direct-2"
+    huge = {**odd, "big": 10**30, "low": -(10**30), "deep": nested(300)}
+    runtime().loop.call(lambda: direct.add_metadata(other, **huge))
+    runtime().loop.call(direct.add_metrics, other, [TrackerMetric("loss", 2.0, 0, 10.0)])
+
+    def check(params: Mapping[str, Any], run_id: str) -> None:
+        assert math.isnan(params["nan"]) and params["inf"] == math.inf
+        assert params["ninf"] == -math.inf
+        assert math.isnan(params["inner"]["a"][0]) and params["inner"]["a"][1] == {"b": -math.inf}
+        assert params["inner"]["c"] == 1
+        if run_id == other:
+            assert type(params["big"]) is int and params["big"] == 10**30
+            assert type(params["low"]) is int and params["low"] == -(10**30)
+            assert params["deep"] == nested(300)
+
+    caplog.set_level(logging.WARNING)
+    found = summaries(root)
+    for run_id in (RUN, other):
+        check(found[run_id].params, run_id)
+        assert found[run_id].metrics["loss"].count == 1
+        # Read from the writers' summaries: nothing was skipped, nothing rebuilt.
+        assert not rebuilt_summary(root, run_id).exists()
+    assert found[RUN].status == "finished"
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
+    for r in Store(root).runs():
+        check(r.params, r.run_id)
+
+    assert main(["--json", "list", "jobs", "--store", str(root)]) == 0
+    rows = {r["run_id"]: r for r in json.loads(capsys.readouterr().out)}  # strict JSON
+    for run_id in (RUN, other):
+        params = rows[run_id]["params"]  # NaN and infinities as null
+        assert (params["nan"], params["inf"], params["ninf"]) == (None, None, None)
+        assert params["inner"] == {"a": [None, {"b": None}], "c": 1}
+    assert rows[other]["params"]["big"] == 10**30
+    assert rows[other]["params"]["deep"] == nested(300)
+
+    # The writer carries on with the run: its summary, read back, continues.
+    runtime().loop.call(lambda: direct.add_metadata(other, more=1))
+    again = summaries(root)[other]
+    check(again.params, other)
+    assert again.params["more"] == 1 and again.metrics["loss"].count == 1
+    assert not rebuilt_summary(root, other).exists()
+
+
+def test_a_run_torchx_wrote_with_params_json_lacks_is_rebuilt_once(tmp_path: Path) -> None:
+    root = tmp_path / "runs"
+    other = "torchx/run-2"
+    meta = root / encode_run_id(other) / "metadata"
+    meta.mkdir(parents=True)
+    params = {"nan": math.nan, "inf": math.inf, "big": 10**30, "deep": nested(300)}
+    (meta / "5f0c").write_text(json.dumps({"metadata": params}))  # as torchx's json.dump does
+    found = summaries(root)[other].params
+    rebuilt_at = rebuilt_summary(root, other)
+    assert rebuilt_at.exists()
+    inode = rebuilt_at.stat().st_ino
+    again = summaries(root)[other].params
+    # Read from the rebuilt summary: not rebuilt again (the file is not rewritten).
+    assert rebuilt_at.stat().st_ino == inode
+    for read in (found, again):
+        assert math.isnan(read["nan"]) and read["inf"] == math.inf  # type: ignore[arg-type]
+        assert type(read["big"]) is int and read["big"] == 10**30
+        assert read["deep"] == nested(300)

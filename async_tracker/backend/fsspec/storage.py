@@ -15,12 +15,14 @@ import json
 import operator
 import os
 import posixpath
+import re
 import secrets
 from collections.abc import Awaitable, Callable, Hashable, Iterator, Mapping, Sequence
 from typing import Any, TypeVar
 
 import anyio
 import fsspec
+import orjson
 from fsspec.implementations.local import LocalFileSystem
 
 from async_tracker.backend.errors import map_failure
@@ -94,6 +96,25 @@ def _encode_json(content: object, path: str) -> bytes:
         raise RecordError(
             f"fsspec cannot encode {path} as JSON: {type(exc).__name__}: {exc}"
         ) from exc
+
+
+# Where an integer past 64 bits may stand in JSON (a number token of 20 digits, or of a minus
+# and 19): orjson reads it as a float, not exactly. Text holding such digits matches too, and
+# only costs the slower parser.
+_LONG_INTEGER = re.compile(rb"[\[,:]\s*(?:\d{20}|-\d{19})")
+
+
+def _decode_json(data: bytes) -> Any:
+    """What :func:`_encode_json` wrote, read back exactly: by orjson (fast), else by the json
+    module, which reads what orjson refuses or reads inexactly: NaN and infinities (the
+    tokens Python writes), integers past 64 bits (orjson makes them floats), nesting deeper
+    than orjson's limit. Raises ``ValueError`` (or ``RecursionError``) for what is not JSON."""
+    if not _LONG_INTEGER.search(data):
+        try:
+            return orjson.loads(data)
+        except orjson.JSONDecodeError:
+            pass  # perhaps JSON that only the json module reads; else it raises below
+    return json.loads(data)
 
 
 class _Storage:

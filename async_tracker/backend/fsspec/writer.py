@@ -67,6 +67,7 @@ from async_tracker.backend.fsspec.layout import (
 from async_tracker.backend.fsspec.segments import _Columns, _columns_by_name, _encode_column
 from async_tracker.backend.fsspec.storage import (
     NotADirectory,
+    _decode_json,
     _encode_json,
     _mapped,
     _Storage,
@@ -312,7 +313,7 @@ class FsspecWriter:
         if data is None:
             return None
         try:
-            return WriterSummary.from_json(orjson.loads(data))
+            return WriterSummary.from_json(_decode_json(data))
         except (*_UNPARSEABLE, orjson.JSONDecodeError) as exc:
             logger.warning("async_tracker: %s is not a run summary, rewritten: %s", path, exc)
             return None
