@@ -179,3 +179,27 @@ def test_a_cell_is_cut_in_the_middle_to_one_bounded_line() -> None:
     assert shown_value.startswith("line break and vvv") and "v...v" in shown_value
     assert shown_value.endswith("v/last.ckpt") and len(shown_value) == MAX_CELL_CHARS
     assert second.rstrip() == "a" + " " * (MAX_ID_CHARS + 1) + "1.5"
+
+
+@pytest.mark.parametrize(
+    ("text", "where"),
+    [
+        ("lr>0 or " * 500, "column 4001: expected a condition after 'or'"),
+        ("(" * 300, "column 101: parentheses nest deeper than 100 levels"),
+        ("lr>" + "1" * 5000, "column 4: the number '111"),
+    ],
+)
+def test_a_filter_too_long_deep_or_large_is_one_line(
+    url: str, capsys: pytest.CaptureFixture[str], text: str, where: str
+) -> None:
+    assert main(["list", "jobs", "--store", url, "--filter", text]) == 2
+    out = capsys.readouterr()
+    (line,) = out.err.strip().splitlines()
+    assert where in line and len(line) < 200 and not out.out
+
+
+def test_a_filter_of_thousands_of_conditions_lists(
+    url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    many = " or ".join(f"lr=={10.0 ** -(i + 1)!r}" for i in (1, 3)) + " or lr<0" * 3000
+    assert ids(capsys, "--store", url, "--filter", many) == [IDS[3], IDS[1]]
