@@ -6,6 +6,7 @@ without any summary (older stores, torchx's) rebuilt once."""
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import math
@@ -22,6 +23,7 @@ from fsspec.implementations.local import LocalFileSystem
 
 from async_tracker import AppRun, Store
 from async_tracker.backend.fsspec import (
+    CLAIM_FILE,
     REBUILT_TOKEN,
     SUMMARY_PREFIX,
     AsyncFsspecTracker,
@@ -386,3 +388,95 @@ def test_a_run_torchx_wrote_with_params_json_lacks_is_rebuilt_once(tmp_path: Pat
         assert math.isnan(read["nan"]) and read["inf"] == math.inf  # type: ignore[arg-type]
         assert type(read["big"]) is int and read["big"] == 10**30
         assert read["deep"] == nested(300)
+
+
+REMOVED = "was removed from the store while this process was writing it"
+
+
+def removal_warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [r.getMessage() for r in caplog.records if REMOVED in r.getMessage()]
+
+
+def test_a_run_removed_under_its_writer_starts_anew_at_its_next_heartbeat(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # rm --force of a run a live process writes: that process's next summary must not make
+    # the run again with the counts and params it held before (the store no longer does).
+    root = tmp_path / "runs"
+    store = open_store(root)
+    beat = functools.partial(runtime().loop.call, store.heartbeat, RUN, 30.0)
+    caplog.set_level(logging.WARNING)
+    run = AppRun(RUN, [store], spool_dir=str(tmp_path / "spool"), heartbeat_s=0)
+    try:
+        run.add_metadata(lr=0.1, old=True)
+        for step in range(10):
+            run.log_metric("loss", 1.0, step=step)
+        assert run.flush(30).ok
+        beat()  # claims the run (AppRun, not init(): no claim yet)
+        assert (root / encode_run_id(RUN) / CLAIM_FILE).exists()
+        beat()
+        assert summaries(root)[RUN].metrics["loss"].count == 10
+        assert not removal_warnings(caplog)
+
+        # Removed by another process (its own backend: nothing of this one's is touched).
+        runtime().loop.call(open_store(root).delete_run, RUN)
+        beat()
+        (warning,) = removal_warnings(caplog)
+        assert repr(RUN) in warning and "starts the run anew" in warning
+        assert (root / encode_run_id(RUN) / CLAIM_FILE).exists()  # claimed again
+        listed = summaries(root)[RUN]  # listed anew, empty, live
+        assert (listed.params, listed.metrics, listed.status) == ({}, {}, "running")
+
+        run.add_metadata(lr=0.2)
+        for step in range(10, 13):
+            run.log_metric("loss", 2.0, step=step)
+        assert run.flush(30).ok
+    finally:
+        run.close(30)
+    found = summaries(root)[RUN]
+    assert found.params == {"lr": 0.2} and found.status == "finished"
+    loss = found.metrics["loss"]
+    assert (loss.count, loss.min, loss.last_step) == (3, 2.0, 12)
+    assert len(removal_warnings(caplog)) == 1
+    assert not rebuilt_summary(root).exists()
+
+
+def test_a_run_removed_under_a_direct_writer_starts_anew_too(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    root = tmp_path / "runs"
+    store, call = open_store(root), runtime().loop.call
+    caplog.set_level(logging.WARNING)
+    call(lambda: store.claim_run(RUN, {"run_id": RUN}))  # as init() claims it
+    call(lambda: store.add_metadata(RUN, lr=0.1))
+    call(store.add_metrics, RUN, [TrackerMetric("acc", 0.5, 0, 10.0)])
+    call(store.heartbeat, RUN, 30.0)
+    call(store.heartbeat, RUN, 30.0)
+    assert not removal_warnings(caplog)
+    call(open_store(root).delete_run, RUN)
+    # A write before the heartbeat makes the run again with the old counts, until the beat.
+    call(store.add_metrics, RUN, [TrackerMetric("acc", 0.6, 1, 11.0)])
+    assert summaries(root)[RUN].metrics["acc"].count == 2
+    call(store.heartbeat, RUN, 30.0)
+    assert len(removal_warnings(caplog)) == 1
+    call(store.add_metrics, RUN, [TrackerMetric("acc", 0.7, 2, 12.0)])
+    found = summaries(root)[RUN]
+    assert found.params == {} and found.metrics["acc"].count == 1
+    assert found.metrics["acc"].last == 0.7
+    call(store.heartbeat, RUN, 30.0)
+    assert len(removal_warnings(caplog)) == 1  # once
+
+
+def test_a_run_its_own_process_removes_is_not_reported(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    root = tmp_path / "runs"
+    store, call = open_store(root), runtime().loop.call
+    caplog.set_level(logging.WARNING)
+    call(lambda: store.add_metadata(RUN, lr=0.1))
+    call(store.heartbeat, RUN, 30.0)
+    call(store.delete_run, RUN)  # this process's own tallies go with it
+    call(lambda: store.add_metadata(RUN, lr=0.2))
+    call(store.heartbeat, RUN, 30.0)
+    assert not removal_warnings(caplog)
+    assert summaries(root)[RUN].params == {"lr": 0.2}
