@@ -31,6 +31,7 @@ from async_tracker.backend.fsspec import (
     encode_run_id,
     summary_path,
 )
+from async_tracker.backend.fsspec.storage import _decode_json, _encode_json
 from async_tracker.cli.main import main
 from async_tracker.init_run import open_store
 from async_tracker.records import Batch, TrackerMetric
@@ -480,3 +481,18 @@ def test_a_run_its_own_process_removes_is_not_reported(
     call(store.heartbeat, RUN, 30.0)
     assert not removal_warnings(caplog)
     assert summaries(root)[RUN].params == {"lr": 0.2}
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        [2**64 - 1, -(2**63), 2**64, -(2**63) - 1, 10**30, -(10**30), 1730000000000000000],
+        {"key": "1730000000000000000-1730000000000000000x1f-000001", "n": 12345678901234567890},
+        {"text": " 123456789012345678901234 ", "float": 1e300, "small": 5e-324},
+        [math.nan, math.inf, -math.inf, {"deep": nested(600)}],
+    ],
+)
+def test_summary_json_is_read_back_exactly(value: object) -> None:
+    data = _encode_json(value, "x")
+    read = _decode_json(data)
+    assert json.dumps(read) == json.dumps(value)  # ints stay ints, of every size

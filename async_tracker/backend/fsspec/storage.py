@@ -15,7 +15,6 @@ import json
 import operator
 import os
 import posixpath
-import re
 import secrets
 from collections.abc import Awaitable, Callable, Hashable, Iterator, Mapping, Sequence
 from typing import Any, TypeVar
@@ -98,10 +97,13 @@ def _encode_json(content: object, path: str) -> bytes:
         ) from exc
 
 
-# Where an integer past 64 bits may stand in JSON (a number token of 20 digits, or of a minus
-# and 19): orjson reads it as a float, not exactly. Text holding such digits matches too, and
-# only costs the slower parser.
-_LONG_INTEGER = re.compile(rb"[\[,:]\s*(?:\d{20}|-\d{19})")
+# Where an integer past 64 bits may stand in JSON, which orjson reads as a float, not exactly:
+# a number token of 20 digits, or of a minus and 19. Found without a regular expression (two
+# to ten times slower than orjson's parse): digits become "0", what may come before a number
+# "s", a minus "n", by one C pass, then two substring searches. Text that holds such digits
+# after a space or a comma (or an "s") matches too, and only costs the slower parser.
+_KINDS = bytes.maketrans(b"0123456789[,: \t\r\n-", b"0" * 10 + b"s" * 7 + b"n")
+_LONG_INTEGERS = (b"s" + b"0" * 20, b"sn" + b"0" * 19)
 
 
 def _decode_json(data: bytes) -> Any:
@@ -109,7 +111,8 @@ def _decode_json(data: bytes) -> Any:
     module, which reads what orjson refuses or reads inexactly: NaN and infinities (the
     tokens Python writes), integers past 64 bits (orjson makes them floats), nesting deeper
     than orjson's limit. Raises ``ValueError`` (or ``RecursionError``) for what is not JSON."""
-    if not _LONG_INTEGER.search(data):
+    kinds = data.translate(_KINDS)
+    if not any(long in kinds for long in _LONG_INTEGERS):
         try:
             return orjson.loads(data)
         except orjson.JSONDecodeError:

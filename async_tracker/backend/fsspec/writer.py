@@ -129,7 +129,8 @@ class FsspecWriter:
         """Removes the run's directory and everything in it (records, summaries, status,
         heartbeats, its claim), after the run's edges in its sources' ``descendants/`` (so
         that their lineage no longer names it). A process still writing the run writes its
-        next files again; nothing stops it."""
+        next files again; nothing stops it, but its next heartbeat notices (see
+        :meth:`_check_claim`)."""
         me = encode_run_id(run_id)
         try:
             parents = await self._storage.ls(self._path(run_id, PARENTS_DIR))
