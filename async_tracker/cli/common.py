@@ -9,7 +9,7 @@ import math
 import os
 import re
 import sys
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 
 from fsspec.implementations.local import LocalFileSystem
 
@@ -200,9 +200,40 @@ def check_known(reader: Reader, run_id: str) -> str:
     return resolve_run(reader, run_id)
 
 
-def table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
-    """A plain-text table like torchx's: left-aligned columns, a dashed rule under headers."""
-    cells = [[str(h) for h in headers], *[[cell(c) for c in r] for r in rows]]
+# The widest a table shows a cell, in characters; longer text is cut in the middle ("...").
+# A table's lines, and the memory it takes, are then bounded by what it shows, whatever a run
+# holds (a 2 MB config): never rows x the widest cell. --json prints every value whole. Names
+# (the first column: run ids, keys; the headers: compare's run ids; artifacts' paths) get
+# more room, to be read and copied whole.
+MAX_CELL_CHARS = 60
+MAX_ID_CHARS = 200
+ELLIPSIS = "..."
+# A cell is one line: line breaks and tabs in a value show as spaces.
+_ONE_LINE = str.maketrans("\n\r\t\v\f", "     ")
+
+
+def clip(text: str, limit: int = MAX_CELL_CHARS) -> str:
+    """``text`` as a table shows it: on one line, at most ``limit`` characters. Longer text
+    is cut in the middle, where "..." stands: its start and its end show (a path's file
+    name, the suffix of a run id, the closing keys of a config)."""
+    if len(text) > limit:
+        head = (limit - len(ELLIPSIS) + 1) // 2
+        tail = limit - len(ELLIPSIS) - head
+        text = text[:head] + ELLIPSIS + text[len(text) - tail :]
+    return text.translate(_ONE_LINE)
+
+
+def table(
+    headers: Sequence[str], rows: Sequence[Sequence[object]], names: Collection[int] = (0,)
+) -> str:
+    """A plain-text table like torchx's: left-aligned columns, a dashed rule under headers.
+    Each cell is cut to :data:`MAX_CELL_CHARS` (see :func:`clip`); the headers and the
+    columns ``names`` (by position; the first) hold names, cut to :data:`MAX_ID_CHARS`."""
+    limits = [MAX_ID_CHARS if i in names else MAX_CELL_CHARS for i in range(len(headers))]
+    cells = [
+        [clip(str(h), MAX_ID_CHARS) for h in headers],
+        *[[clip(cell(c), limit) for c, limit in zip(r, limits)] for r in rows],
+    ]
     widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
     lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in cells]
     lines.insert(1, "  ".join("-" * w for w in widths))
@@ -227,6 +258,22 @@ def to_json(data: object, indent: int | None = 2) -> str:
     return json.dumps(data, indent=indent, default=str)
 
 
+def print_json(data: object) -> None:
+    """Prints :func:`to_json` of ``data``; a list element by element, in the same text, so
+    that the output of many runs is never one string in memory (each run's row is made,
+    written and dropped)."""
+    if not isinstance(data, list) or not data:
+        print(to_json(data))
+        return
+    write = sys.stdout.write
+    for i, item in enumerate(data):
+        # As json.dumps(indent=2) writes a list: each element one level in (JSON text holds
+        # no raw line break but those of its indentation).
+        write(",\n  " if i else "[\n  ")
+        write(to_json(item).replace("\n", "\n  "))
+    write("\n]\n")
+
+
 Query = Callable[[Reader, argparse.Namespace], "tuple[object, str]"]
 
 
@@ -237,7 +284,10 @@ def run_query(query: Query) -> Callable[[argparse.Namespace], int]:
         reader = reader_for(args)
         with read_or_fail(reader.label):
             data, text = query(reader, args)
-        print(to_json(data) if args.json else text)
+        if args.json:
+            print_json(data)
+        else:
+            print(text)
         return 0
 
     return command

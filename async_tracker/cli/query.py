@@ -16,6 +16,7 @@ from async_tracker.cli.common import (
     CliError,
     cell,
     check_known,
+    clip,
     resolve_runs,
     run_query,
     table,
@@ -108,7 +109,8 @@ def _stats_of(m: MetricSummary) -> dict[str, object]:
 
 
 def _pairs(values: dict[str, object]) -> str:
-    return " ".join(f"{k}={cell(v)}" for k, v in values.items())
+    # Each value cut as a cell is: the table cuts the whole again.
+    return " ".join(f"{k}={clip(cell(v))}" for k, v in values.items())
 
 
 def _time(ts: float | None) -> str:
@@ -136,7 +138,7 @@ def cmd_artifacts(t: Reader, args: argparse.Namespace) -> tuple[object, str]:
     arts = [a for a in t.artifacts(run_id).values() if not args.artifact or a.name == args.artifact]
     data = [{"name": a.name, "path": a.path, "metadata": a.metadata} for a in arts]
     rows = [[a.name, a.path, a.metadata] for a in arts]
-    return data, table(["ARTIFACT", "PATH", "METADATA"], rows)
+    return data, table(["ARTIFACT", "PATH", "METADATA"], rows, names=(0, 1))
 
 
 def read_metrics(t: Reader, run_id: str) -> dict[str, Sequence[TrackerMetric]]:

@@ -22,9 +22,9 @@ from async_tracker.cli.common import (
     EXIT_FAILURE,
     StoreError,
     backend_and_label,
+    print_json,
     read_or_fail,
     resolve_run,
-    to_json,
 )
 from async_tracker.config import configured_trackers
 from async_tracker.errors import BackendError
@@ -193,7 +193,7 @@ def cmd_rm(args: argparse.Namespace) -> int:
             return 0
     outcomes = [o for r in run_ids for o in delete_run(r, stores, args.force)]
     if args.json:
-        print(to_json([vars(o) for o in outcomes]))
+        print_json([vars(o) for o in outcomes])
     else:
         print("\n".join(o.line() for o in outcomes))
     return EXIT_FAILURE if any(o.result == COULD_NOT for o in outcomes) else 0

@@ -59,7 +59,10 @@ words: ``true``/``false`` (yes/no), ``null``/``none`` (no value), anything else 
   written as text; false when the key is missing.
 
 A bad filter raises :class:`FilterError`, whose first line says the column (counted from 1)
-and what was expected there, followed by the filter and a caret under that column.
+and what was expected there, followed by the filter and a caret under that column. A filter
+may be of any length (``a>0 or b>0 or ...`` with thousands of conditions); parentheses nest at
+most :data:`MAX_FILTER_DEPTH` levels deep, and a number has at most as many digits as Python
+reads (4,300 by default): past either, a :class:`FilterError` says where.
 
 Sorting
 -------
@@ -86,6 +89,11 @@ from async_tracker.store.summary import STATUSES, RunSummary
 
 AGGREGATES = ("last", "min", "max", "count", "step")
 OPERATORS = ("==", "!=", "<", "<=", ">", ">=", "~")
+# How deep parentheses may nest in a filter: far more than anyone writes, and far from
+# Python's recursion limit (the parser and the evaluation take four frames a level).
+MAX_FILTER_DEPTH = 100
+# The most of a token an error message quotes: the message stays one short line.
+_SHOWN_CHARS = 40
 
 # Words after a dot that a user most likely meant as an aggregate: ``loss.median`` is then an
 # error naming the real aggregates, rather than a param that silently matches nothing.
@@ -238,6 +246,7 @@ class _Parser:
         self.what = what
         self.tokens = _tokenize(text, self.fail)
         self.i = 0
+        self.depth = 0  # parentheses open at the current token
 
     def fail(self, pos: int, reason: str) -> FilterError:
         return FilterError(self.what, self.text, pos + 1, reason)
@@ -257,7 +266,7 @@ class _Parser:
         return nxt if nxt.kind == kind and nxt.glued else None
 
     def show(self, tok: _Token) -> str:
-        return "the end" if tok.kind == "end" else repr(tok.source)
+        return "the end" if tok.kind == "end" else repr(_cut(tok.source))
 
     # key := WORD | STRING | WORD"STRING" (params."x", tag:"x") | STRING.AGG ("x".min)
     def key(self) -> tuple[_Key, _Token]:
@@ -300,7 +309,15 @@ class _Parser:
         if tok.kind not in ("word", "string"):
             raise self.fail(tok.pos, f"expected a value after {op.text!r}, got {self.show(tok)}")
         self.next()
-        value = tok.text if tok.kind == "string" else _word_value(tok.text)
+        try:
+            value = tok.text if tok.kind == "string" else _word_value(tok.text)
+        except ValueError:  # an integer of more digits than Python reads (4,300)
+            if key.kind not in _TEXT_FIELDS and op.text != "~":
+                raise self.fail(
+                    tok.pos,
+                    f"the number {self.show(tok)} has {len(tok.text)} digits, too many to read",
+                ) from None
+            value = tok.text  # read as text below
         if op.text == "~":
             if key.kind in _TIME_FIELDS or key.kind in ("duration", "metric"):
                 raise self.fail(op.pos, f"'~' compares text; {key.describe()} is a number")
@@ -343,26 +360,31 @@ class _Parser:
                 return float(m.group(1)) * _DURATION_UNITS_S[m.group(2)]
         raise self.fail(tok.pos, f"expected seconds (90, 90s, 30m, 2h, 1d), got {tok.source!r}")
 
-    # or := and (OR and)* ; and := not (AND not)* ; not := NOT not | primary
+    # or := and (OR and)* ; and := not (AND not)* ; not := NOT* primary
+    # A run of ORs (ANDs) is one node holding its operands, and a run of NOTs one NOT or
+    # none: the tree is no deeper for a longer filter, only for nested parentheses, which
+    # primary() bounds. Its depth bounds the parser's recursion and the evaluation's.
     def parse_or(self) -> _Node:
-        node = self.parse_and()
+        items = [self.parse_and()]
         while self.tok.kind == "or":
             self.operand_after(self.next())
-            node = _Or(node, self.parse_and())
-        return node
+            items.append(self.parse_and())
+        return items[0] if len(items) == 1 else _Or(tuple(items))
 
     def parse_and(self) -> _Node:
-        node = self.parse_not()
+        items = [self.parse_not()]
         while self.tok.kind == "and":
             self.operand_after(self.next())
-            node = _And(node, self.parse_not())
-        return node
+            items.append(self.parse_not())
+        return items[0] if len(items) == 1 else _And(tuple(items))
 
     def parse_not(self) -> _Node:
-        if self.tok.kind == "not":
+        negated = False
+        while self.tok.kind == "not":
             self.operand_after(self.next())
-            return _Not(self.parse_not())
-        return self.primary()
+            negated = not negated
+        node = self.primary()
+        return _Not(node) if negated else node
 
     def operand_after(self, keyword: _Token) -> None:
         """Fails unless a condition can start at the next token (after ``keyword``)."""
@@ -373,10 +395,16 @@ class _Parser:
     def primary(self) -> _Node:
         tok = self.tok
         if tok.kind == "(":
+            if self.depth >= MAX_FILTER_DEPTH:
+                raise self.fail(
+                    tok.pos, f"parentheses nest deeper than {MAX_FILTER_DEPTH} levels here"
+                )
             self.next()
             if self.tok.kind == ")":
                 raise self.fail(self.tok.pos, "expected a condition inside '()'")
+            self.depth += 1
             node = self.parse_or()
+            self.depth -= 1
             if self.tok.kind != ")":
                 raise self.fail(
                     self.tok.pos,
@@ -452,6 +480,11 @@ class _Parser:
 
 def _aggs() -> str:
     return ", ".join(AGGREGATES)
+
+
+def _cut(text: str) -> str:
+    """``text`` as an error message quotes it: its start, when long."""
+    return text if len(text) <= _SHOWN_CHARS else text[: _SHOWN_CHARS - 3] + "..."
 
 
 def _word_value(word: str) -> object:
@@ -564,20 +597,18 @@ class _Not:
 
 @dataclass(frozen=True)
 class _And:
-    left: _Node
-    right: _Node
+    items: tuple[_Node, ...]
 
     def __call__(self, run: RunSummary) -> bool:
-        return self.left(run) and self.right(run)
+        return all(item(run) for item in self.items)
 
 
 @dataclass(frozen=True)
 class _Or:
-    left: _Node
-    right: _Node
+    items: tuple[_Node, ...]
 
     def __call__(self, run: RunSummary) -> bool:
-        return self.left(run) or self.right(run)
+        return any(item(run) for item in self.items)
 
 
 _Node: TypeAlias = "_Compare | _HasTag | _Not | _And | _Or"
@@ -598,7 +629,11 @@ class Filter:
         self._node = node
 
     def __call__(self, summary: RunSummary) -> bool:
-        return self._node(summary)
+        try:
+            return self._node(summary)
+        except RecursionError:
+            # Nesting within MAX_FILTER_DEPTH, from a caller whose own stack is already deep.
+            raise FilterError("filter", self.text, 1, "nested too deep to evaluate here") from None
 
     def __repr__(self) -> str:
         return f"parse_filter({self.text!r})"
@@ -607,7 +642,12 @@ class Filter:
 def parse_filter(text: str) -> Filter:
     """The filter ``text`` (the language is in this module's docstring); raises
     :class:`FilterError` saying where when it does not parse."""
-    return Filter(text, _Parser(text, "filter").parse_filter())
+    parser = _Parser(text, "filter")
+    try:
+        return Filter(text, parser.parse_filter())
+    except RecursionError:
+        # Nesting within MAX_FILTER_DEPTH, from a caller whose own stack is already deep.
+        raise parser.fail(parser.tok.pos, "nested too deep to read here") from None
 
 
 class SortKey:
@@ -676,6 +716,7 @@ def _same(a: object, b: object) -> bool:
 
 __all__ = [
     "AGGREGATES",
+    "MAX_FILTER_DEPTH",
     "OPERATORS",
     "Filter",
     "FilterError",

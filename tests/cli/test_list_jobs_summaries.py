@@ -4,12 +4,18 @@ with every field of each run's summary."""
 
 from __future__ import annotations
 
+import io
 import json
+import sys
+import tracemalloc
 from pathlib import Path
 
+import fsspec
 import pytest
 
 from async_tracker import AppRun
+from async_tracker.backend.fsspec import FsspecTracker
+from async_tracker.cli.common import MAX_CELL_CHARS, MAX_ID_CHARS, table, to_json
 from async_tracker.cli.main import main
 from async_tracker.init_run import open_store
 
@@ -108,3 +114,92 @@ def test_a_bad_filter_is_one_line_saying_where(
     assert main(["list", "jobs", "--store", url, "--filter", "lr > and x"]) != 0
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "column 6" in err[0], err
+
+
+class Writes(io.StringIO):
+    """stdout, keeping each write apart."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.writes: list[str] = []
+
+    def write(self, text: str) -> int:
+        self.writes.append(text)
+        return super().write(text)
+
+
+def test_a_huge_param_is_cut_in_the_table_and_streamed_whole_in_json(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    root = str(tmp_path / "runs")
+    store = FsspecTracker(fsspec.filesystem("file"), root)
+    huge = {"blob": "x" * 2_000_000, "layers": [64, 64]}
+    many = [f"many/run-{i:03d}" for i in range(200)]
+    for i, run_id in enumerate(many):
+        store.add_metadata(run_id, lr=i, **({"config": huge} if i == 100 else {}))
+
+    # The table: each cell cut, so its lines (and the memory it takes) are bounded by what
+    # it shows, not 200 rows padded to the 2 MB cell.
+    tracemalloc.start()
+    try:
+        assert main(["list", "jobs", "--store", root, "--limit", "0"]) == 0
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 2 + len(many)
+    assert max(map(len, lines)) <= MAX_ID_CHARS + 5 * (MAX_CELL_CHARS + 2)
+    assert peak < 40_000_000, peak  # a few copies of the one 2 MB value at most
+    (row,) = [line for line in lines if line.startswith("many/run-100 ")]
+    params = row.split("  ")[-1].strip()
+    assert params.startswith('lr=100 config={"blob": "xxx') and "x...x" in params
+    assert params.endswith('xxx", "layers": [64, 64]}') and len(params) == MAX_CELL_CHARS
+
+    # --json: every run whole, printed a run's row at a time, the same text as one document.
+    out = Writes()
+    monkeypatch.setattr(sys, "stdout", out)
+    assert main(["--json", "list", "jobs", "--store", root, "--limit", "0"]) == 0
+    text = out.getvalue()
+    rows = json.loads(text)
+    assert sorted(r["run_id"] for r in rows) == many
+    (big,) = [r for r in rows if r["run_id"] == "many/run-100"]
+    assert big["params"] == {"lr": 100, "config": huge}
+    assert text == to_json(rows) + "\n"
+    assert len([w for w in out.writes if '"run_id"' in w]) == len(many)
+
+
+def test_a_cell_is_cut_in_the_middle_to_one_bounded_line() -> None:
+    long_id = "proj/" + "k" * 500 + "-a1b2c3"
+    value = "line\nbreak\tand " + "v" * 500 + "/last.ckpt"
+    text = table(["ID", "VALUE"], [[long_id, value], ["a", 1.5]])
+    _, _, first, second = text.splitlines()
+    shown_id, shown_value = first[:MAX_ID_CHARS], first[MAX_ID_CHARS + 2 :]
+    assert shown_id.startswith("proj/kkk") and "k...k" in shown_id
+    assert shown_id.endswith("k-a1b2c3") and len(shown_id) == MAX_ID_CHARS
+    assert shown_value.startswith("line break and vvv") and "v...v" in shown_value
+    assert shown_value.endswith("v/last.ckpt") and len(shown_value) == MAX_CELL_CHARS
+    assert second.rstrip() == "a" + " " * (MAX_ID_CHARS + 1) + "1.5"
+
+
+@pytest.mark.parametrize(
+    ("text", "where"),
+    [
+        ("lr>0 or " * 500, "column 4001: expected a condition after 'or'"),
+        ("(" * 300, "column 101: parentheses nest deeper than 100 levels"),
+        ("lr>" + "1" * 5000, "column 4: the number '111"),
+    ],
+)
+def test_a_filter_too_long_deep_or_large_is_one_line(
+    url: str, capsys: pytest.CaptureFixture[str], text: str, where: str
+) -> None:
+    assert main(["list", "jobs", "--store", url, "--filter", text]) == 2
+    out = capsys.readouterr()
+    (line,) = out.err.strip().splitlines()
+    assert where in line and len(line) < 200 and not out.out
+
+
+def test_a_filter_of_thousands_of_conditions_lists(
+    url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    many = " or ".join(f"lr=={10.0 ** -(i + 1)!r}" for i in (1, 3)) + " or lr<0" * 3000
+    assert ids(capsys, "--store", url, "--filter", many) == [IDS[3], IDS[1]]

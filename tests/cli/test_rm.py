@@ -238,3 +238,66 @@ def test_rm_keeps_the_spool_of_a_live_writer(
     finally:
         release.set()
         live.close(30)
+
+
+def test_rm_of_a_run_a_live_process_writes_needs_force(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    url = str(tmp_path / "runs")
+    monkeypatch.setenv("ASYNC_TRACKER_SPOOL_DIR", str(tmp_path / "spool"))
+    write(url, KEEP)
+    # A run left open: its lane beats at once, then every 30 s.
+    live = AppRun(GONE, [open_store(url)], spool_dir=str(tmp_path / "spool"), heartbeat_s=30)
+    try:
+        live.log_metric("loss", 1.0, step=0)
+        assert live.flush(30).ok
+        beats = Path(url) / encode_run_id(GONE) / "heartbeat"
+        wait_until(lambda: beats.is_dir() and any(beats.iterdir()), "a heartbeat")
+
+        assert main(["--store", url, "rm", GONE, "--yes"]) == 1
+        (line,) = capsys.readouterr().out.splitlines()
+        assert line.startswith(f"{GONE}: store {url}: could not: a live process is writing it")
+        assert "rm --force deletes it anyway" in line
+        assert ids(url) == {KEEP, GONE}
+
+        assert main(["--store", url, "rm", GONE, "--yes", "--force"]) == 0
+        assert capsys.readouterr().out.splitlines() == [f"{GONE}: store {url}: deleted"]
+        assert ids(url) == {KEEP}
+    finally:
+        live.close(30)
+
+
+def test_rm_of_a_run_a_live_child_process_writes_needs_force(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    url = str(tmp_path / "runs")
+    monkeypatch.setenv("ASYNC_TRACKER_SPOOL_DIR", str(tmp_path / "spool"))
+    job = (
+        "import sys\n"
+        "from async_tracker import AppRun\n"
+        "from async_tracker.init_run import open_store\n"
+        f"run = AppRun({GONE!r}, [open_store(sys.argv[1])], spool_dir=sys.argv[2], "
+        "heartbeat_s=30)\n"
+        "run.log_metric('loss', 1.0, step=0)\n"
+        "assert run.flush(30).ok\n"
+        "print('ready', flush=True)\n"
+        "sys.stdin.read()\n"  # open until the test lets go
+        "run.close(30)\n"
+    )
+    child = subprocess.Popen(
+        [sys.executable, "-c", job, url, str(tmp_path / "spool")],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=child_env(),
+    )  # fmt: skip
+    try:
+        assert child.stdout is not None and child.stdout.readline().strip() == "ready"
+        beats = Path(url) / encode_run_id(GONE) / "heartbeat"
+        wait_until(lambda: beats.is_dir() and any(beats.iterdir()), "a heartbeat")
+        assert main(["--store", url, "--json", "rm", GONE, "--yes"]) == 1
+        (outcome,) = json.loads(capsys.readouterr().out)
+        assert outcome["result"] == "could not"
+        assert outcome["reason"].startswith("a live process is writing it")
+        assert main(["--store", url, "rm", GONE, "--yes", "--force"]) == 0
+        assert capsys.readouterr().out.splitlines() == [f"{GONE}: store {url}: deleted"]
+    finally:
+        child.communicate("", timeout=60)
+    assert child.returncode == 0

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import sys
 from datetime import datetime
 
 import pytest
@@ -11,6 +12,7 @@ from hypothesis import strategies as st
 
 from async_tracker.store.expr import (
     AGGREGATES,
+    MAX_FILTER_DEPTH,
     FilterError,
     differing_params,
     parse_filter,
@@ -549,3 +551,56 @@ def test_sort_keys_always_compare(run: RunSummary, key: str, descending: bool) -
     empty = sort.key(RunSummary("empty"))
     if sort.key(run) != (1,) and empty == (1,):  # with the key: before a run without it
         assert sort.key(run) < empty
+
+
+# --- filters of any length and depth -----------------------------------------------------------
+
+
+def test_a_filter_of_thousands_of_conditions_evaluates() -> None:
+    # Each run of or/and/not is one node: a longer filter is no deeper.
+    assert parse_filter("lr<0 or " * 5000 + "lr>0.01")(RUN) is True
+    assert parse_filter("lr>0 and " * 5000 + "lr<0.01")(RUN) is False
+    assert parse_filter("not " * 5001 + "lr>0.01")(RUN) is False
+    assert parse_filter("not " * 5000 + "lr>0.01")(RUN) is True
+    assert parse_filter("(" * MAX_FILTER_DEPTH + "lr>0.01" + ")" * MAX_FILTER_DEPTH)(RUN)
+    mixed = "(lr<0 or (lr>0 and " * (MAX_FILTER_DEPTH // 2) + "lr>0.01" + "))" * 50
+    assert parse_filter(mixed)(RUN) is True
+
+
+@pytest.mark.parametrize(
+    ("text", "column", "reason"),
+    [
+        ("lr>0 or " * 500, 4001, "expected a condition after 'or', got the end"),
+        ("(" * 300, MAX_FILTER_DEPTH + 1, f"nest deeper than {MAX_FILTER_DEPTH} levels"),
+        ("(" * 300 + "lr>0" + ")" * 300, MAX_FILTER_DEPTH + 1, "nest deeper than"),
+        ("lr>" + "1" * 5000, 4, "'1111111111111111111111111111111111111...' has 5000 digits"),
+        ("lr>0 and lr==" + "9" * 5000, 14, "has 5000 digits, too many to read"),
+    ],
+)
+def test_a_filter_too_deep_or_a_number_too_long_is_a_filter_error(
+    text: str, column: int, reason: str
+) -> None:
+    with pytest.raises(FilterError) as caught:
+        parse_filter(text)
+    assert isinstance(caught.value, ValueError) and caught.value.column == column
+    first = str(caught.value).splitlines()[0]
+    assert first.startswith(f"bad filter at column {column}: ") and reason in first
+    assert len(first) < 150
+
+
+def test_a_long_number_is_text_where_the_key_is() -> None:
+    assert parse_filter("id==" + "1" * 5000)(RUN) is False
+    assert parse_filter("note~" + "1" * 5000)(RUN) is False
+
+
+def test_a_filter_within_the_depth_from_a_deep_stack_fails_as_a_filter_error() -> None:
+    text = "(" * MAX_FILTER_DEPTH + "lr>0.01" + ")" * MAX_FILTER_DEPTH
+
+    def nested(levels: int) -> None:
+        if levels:
+            nested(levels - 1)
+        else:
+            parse_filter(text)(RUN)
+
+    with pytest.raises(FilterError, match="nested too deep"):
+        nested(sys.getrecursionlimit() - 150)

@@ -6,18 +6,24 @@ without any summary (older stores, torchx's) rebuilt once."""
 
 from __future__ import annotations
 
+import functools
 import json
+import logging
+import math
 import os
 import signal
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import fsspec
+import pytest
 from fsspec.implementations.local import LocalFileSystem
 
-from async_tracker import AppRun
+from async_tracker import AppRun, Store
 from async_tracker.backend.fsspec import (
+    CLAIM_FILE,
     REBUILT_TOKEN,
     SUMMARY_PREFIX,
     AsyncFsspecTracker,
@@ -25,6 +31,8 @@ from async_tracker.backend.fsspec import (
     encode_run_id,
     summary_path,
 )
+from async_tracker.backend.fsspec.storage import _decode_json, _encode_json
+from async_tracker.cli.main import main
 from async_tracker.init_run import open_store
 from async_tracker.records import Batch, TrackerMetric
 from async_tracker.runtime.process import runtime
@@ -296,3 +304,195 @@ def test_a_new_run_is_not_rebuilt(tmp_path: Path) -> None:
     assert json.loads(own.read_text())["prior"] is False
     summaries(root)
     assert not rebuilt_summary(root).exists()
+
+
+def nested(levels: int) -> object:
+    value: object = "bottom"
+    for _ in range(levels):
+        value = [value]
+    return value
+
+
+def test_params_json_lacks_are_read_back_from_the_summary_exactly(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture
+) -> None:
+    # NaN and infinities (JSON has none: Python writes its own tokens, which orjson refuses),
+    # integers past 64 bits (orjson reads them as floats) and values nested deeper than
+    # orjson writes: a run holds them, so its summary must, or every listing rebuilds the run.
+    root = tmp_path / "runs"
+    odd = {"nan": math.nan, "inf": math.inf, "ninf": -math.inf,
+           "inner": {"a": [math.nan, {"b": -math.inf}], "c": 1}}  # fmt: skip
+    with AppRun(RUN, [open_store(root)], heartbeat_s=0) as run:
+        run.add_metadata(**odd)
+        run.log_metric("loss", 1.0, step=0)
+    # The call site refuses huge ints and deep values, but the backend's own API (unchecked,
+    # torchx's) stores them.
+    direct, other = open_store(root), "proj/direct-2"
+    huge = {**odd, "big": 10**30, "low": -(10**30), "deep": nested(300)}
+    runtime().loop.call(lambda: direct.add_metadata(other, **huge))
+    runtime().loop.call(direct.add_metrics, other, [TrackerMetric("loss", 2.0, 0, 10.0)])
+
+    def check(params: Mapping[str, Any], run_id: str) -> None:
+        assert math.isnan(params["nan"]) and params["inf"] == math.inf
+        assert params["ninf"] == -math.inf
+        assert math.isnan(params["inner"]["a"][0]) and params["inner"]["a"][1] == {"b": -math.inf}
+        assert params["inner"]["c"] == 1
+        if run_id == other:
+            assert type(params["big"]) is int and params["big"] == 10**30
+            assert type(params["low"]) is int and params["low"] == -(10**30)
+            assert params["deep"] == nested(300)
+
+    caplog.set_level(logging.WARNING)
+    found = summaries(root)
+    for run_id in (RUN, other):
+        check(found[run_id].params, run_id)
+        assert found[run_id].metrics["loss"].count == 1
+        # Read from the writers' summaries: nothing was skipped, nothing rebuilt.
+        assert not rebuilt_summary(root, run_id).exists()
+    assert found[RUN].status == "finished"
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
+    for r in Store(root).runs():
+        check(r.params, r.run_id)
+
+    assert main(["--json", "list", "jobs", "--store", str(root)]) == 0
+    rows = {r["run_id"]: r for r in json.loads(capsys.readouterr().out)}  # strict JSON
+    for run_id in (RUN, other):
+        params = rows[run_id]["params"]  # NaN and infinities as null
+        assert (params["nan"], params["inf"], params["ninf"]) == (None, None, None)
+        assert params["inner"] == {"a": [None, {"b": None}], "c": 1}
+    assert rows[other]["params"]["big"] == 10**30
+    assert rows[other]["params"]["deep"] == nested(300)
+
+    # The writer carries on with the run: its summary, read back, continues.
+    runtime().loop.call(lambda: direct.add_metadata(other, more=1))
+    again = summaries(root)[other]
+    check(again.params, other)
+    assert again.params["more"] == 1 and again.metrics["loss"].count == 1
+    assert not rebuilt_summary(root, other).exists()
+
+
+def test_a_run_torchx_wrote_with_params_json_lacks_is_rebuilt_once(tmp_path: Path) -> None:
+    root = tmp_path / "runs"
+    other = "torchx/run-2"
+    meta = root / encode_run_id(other) / "metadata"
+    meta.mkdir(parents=True)
+    params = {"nan": math.nan, "inf": math.inf, "big": 10**30, "deep": nested(300)}
+    (meta / "5f0c").write_text(json.dumps({"metadata": params}))  # as torchx's json.dump does
+    found = summaries(root)[other].params
+    rebuilt_at = rebuilt_summary(root, other)
+    assert rebuilt_at.exists()
+    inode = rebuilt_at.stat().st_ino
+    again = summaries(root)[other].params
+    # Read from the rebuilt summary: not rebuilt again (the file is not rewritten).
+    assert rebuilt_at.stat().st_ino == inode
+    for read in (found, again):
+        assert math.isnan(read["nan"]) and read["inf"] == math.inf  # type: ignore[arg-type]
+        assert type(read["big"]) is int and read["big"] == 10**30
+        assert read["deep"] == nested(300)
+
+
+REMOVED = "was removed from the store while this process was writing it"
+
+
+def removal_warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [r.getMessage() for r in caplog.records if REMOVED in r.getMessage()]
+
+
+def test_a_run_removed_under_its_writer_starts_anew_at_its_next_heartbeat(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # rm --force of a run a live process writes: that process's next summary must not make
+    # the run again with the counts and params it held before (the store no longer does).
+    root = tmp_path / "runs"
+    store = open_store(root)
+    beat = functools.partial(runtime().loop.call, store.heartbeat, RUN, 30.0)
+    caplog.set_level(logging.WARNING)
+    run = AppRun(RUN, [store], spool_dir=str(tmp_path / "spool"), heartbeat_s=0)
+    try:
+        run.add_metadata(lr=0.1, old=True)
+        for step in range(10):
+            run.log_metric("loss", 1.0, step=step)
+        assert run.flush(30).ok
+        beat()  # claims the run (AppRun, not init(): no claim yet)
+        assert (root / encode_run_id(RUN) / CLAIM_FILE).exists()
+        beat()
+        assert summaries(root)[RUN].metrics["loss"].count == 10
+        assert not removal_warnings(caplog)
+
+        # Removed by another process (its own backend: nothing of this one's is touched).
+        runtime().loop.call(open_store(root).delete_run, RUN)
+        beat()
+        (warning,) = removal_warnings(caplog)
+        assert repr(RUN) in warning and "starts the run anew" in warning
+        assert (root / encode_run_id(RUN) / CLAIM_FILE).exists()  # claimed again
+        listed = summaries(root)[RUN]  # listed anew, empty, live
+        assert (listed.params, listed.metrics, listed.status) == ({}, {}, "running")
+
+        run.add_metadata(lr=0.2)
+        for step in range(10, 13):
+            run.log_metric("loss", 2.0, step=step)
+        assert run.flush(30).ok
+    finally:
+        run.close(30)
+    found = summaries(root)[RUN]
+    assert found.params == {"lr": 0.2} and found.status == "finished"
+    loss = found.metrics["loss"]
+    assert (loss.count, loss.min, loss.last_step) == (3, 2.0, 12)
+    assert len(removal_warnings(caplog)) == 1
+    assert not rebuilt_summary(root).exists()
+
+
+def test_a_run_removed_under_a_direct_writer_starts_anew_too(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    root = tmp_path / "runs"
+    store, call = open_store(root), runtime().loop.call
+    caplog.set_level(logging.WARNING)
+    call(lambda: store.claim_run(RUN, {"run_id": RUN}))  # as init() claims it
+    call(lambda: store.add_metadata(RUN, lr=0.1))
+    call(store.add_metrics, RUN, [TrackerMetric("acc", 0.5, 0, 10.0)])
+    call(store.heartbeat, RUN, 30.0)
+    call(store.heartbeat, RUN, 30.0)
+    assert not removal_warnings(caplog)
+    call(open_store(root).delete_run, RUN)
+    # A write before the heartbeat makes the run again with the old counts, until the beat.
+    call(store.add_metrics, RUN, [TrackerMetric("acc", 0.6, 1, 11.0)])
+    assert summaries(root)[RUN].metrics["acc"].count == 2
+    call(store.heartbeat, RUN, 30.0)
+    assert len(removal_warnings(caplog)) == 1
+    call(store.add_metrics, RUN, [TrackerMetric("acc", 0.7, 2, 12.0)])
+    found = summaries(root)[RUN]
+    assert found.params == {} and found.metrics["acc"].count == 1
+    assert found.metrics["acc"].last == 0.7
+    call(store.heartbeat, RUN, 30.0)
+    assert len(removal_warnings(caplog)) == 1  # once
+
+
+def test_a_run_its_own_process_removes_is_not_reported(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    root = tmp_path / "runs"
+    store, call = open_store(root), runtime().loop.call
+    caplog.set_level(logging.WARNING)
+    call(lambda: store.add_metadata(RUN, lr=0.1))
+    call(store.heartbeat, RUN, 30.0)
+    call(store.delete_run, RUN)  # this process's own tallies go with it
+    call(lambda: store.add_metadata(RUN, lr=0.2))
+    call(store.heartbeat, RUN, 30.0)
+    assert not removal_warnings(caplog)
+    assert summaries(root)[RUN].params == {"lr": 0.2}
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        [2**64 - 1, -(2**63), 2**64, -(2**63) - 1, 10**30, -(10**30), 1730000000000000000],
+        {"key": "1730000000000000000-1730000000000000000x1f-000001", "n": 12345678901234567890},
+        {"text": " 123456789012345678901234 ", "float": 1e300, "small": 5e-324},
+        [math.nan, math.inf, -math.inf, {"deep": nested(600)}],
+    ],
+)
+def test_summary_json_is_read_back_exactly(value: object) -> None:
+    data = _encode_json(value, "x")
+    read = _decode_json(data)
+    assert json.dumps(read) == json.dumps(value)  # ints stay ints, of every size

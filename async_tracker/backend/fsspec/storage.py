@@ -21,6 +21,7 @@ from typing import Any, TypeVar
 
 import anyio
 import fsspec
+import orjson
 from fsspec.implementations.local import LocalFileSystem
 
 from async_tracker.backend.errors import map_failure
@@ -94,6 +95,29 @@ def _encode_json(content: object, path: str) -> bytes:
         raise RecordError(
             f"fsspec cannot encode {path} as JSON: {type(exc).__name__}: {exc}"
         ) from exc
+
+
+# Where an integer past 64 bits may stand in JSON, which orjson reads as a float, not exactly:
+# a number token of 20 digits, or of a minus and 19. Found without a regular expression (two
+# to ten times slower than orjson's parse): digits become "0", what may come before a number
+# "s", a minus "n", by one C pass, then two substring searches. Text that holds such digits
+# after a space or a comma (or an "s") matches too, and only costs the slower parser.
+_KINDS = bytes.maketrans(b"0123456789[,: \t\r\n-", b"0" * 10 + b"s" * 7 + b"n")
+_LONG_INTEGERS = (b"s" + b"0" * 20, b"sn" + b"0" * 19)
+
+
+def _decode_json(data: bytes) -> Any:
+    """What :func:`_encode_json` wrote, read back exactly: by orjson (fast), else by the json
+    module, which reads what orjson refuses or reads inexactly: NaN and infinities (the
+    tokens Python writes), integers past 64 bits (orjson makes them floats), nesting deeper
+    than orjson's limit. Raises ``ValueError`` (or ``RecursionError``) for what is not JSON."""
+    kinds = data.translate(_KINDS)
+    if not any(long in kinds for long in _LONG_INTEGERS):
+        try:
+            return orjson.loads(data)
+        except orjson.JSONDecodeError:
+            pass  # perhaps JSON that only the json module reads; else it raises below
+    return json.loads(data)
 
 
 class _Storage:

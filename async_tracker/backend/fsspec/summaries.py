@@ -53,7 +53,7 @@ from async_tracker.backend.fsspec.parsing import (
 )
 from async_tracker.backend.fsspec.reader import FsspecReader
 from async_tracker.backend.fsspec.segments import _parse_segment
-from async_tracker.backend.fsspec.storage import _encode_json, _gather_bounded
+from async_tracker.backend.fsspec.storage import _decode_json, _encode_json, _gather_bounded
 from async_tracker.errors import BackendError
 from async_tracker.records import TrackerMetric
 from async_tracker.runtime.process import run_blocking
@@ -248,7 +248,7 @@ def _add_summary(found: Mapping[str, _Found], name: str, data: bytes | None) -> 
     if data is None or matched is None:
         return ""
     try:
-        content = orjson.loads(data)
+        content = _decode_json(data)  # exactly: NaN, huge and deep params too
         if not isinstance(content, dict) or content.get("v") != 1:
             raise ValueError("not a run summary (version 1)")
         f = found.get(str(content["run"]))

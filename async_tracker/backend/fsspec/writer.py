@@ -34,7 +34,9 @@ import dataclasses
 import hashlib
 import logging
 import math
+import os
 import posixpath
+import socket
 import time
 from collections.abc import Mapping, Sequence
 
@@ -67,6 +69,7 @@ from async_tracker.backend.fsspec.layout import (
 from async_tracker.backend.fsspec.segments import _Columns, _columns_by_name, _encode_column
 from async_tracker.backend.fsspec.storage import (
     NotADirectory,
+    _decode_json,
     _encode_json,
     _mapped,
     _Storage,
@@ -92,6 +95,8 @@ class FsspecWriter:
         self._tallies: dict[tuple[str, str], _Tally] = {}
         # This process's last heartbeat of each run it writes: (time, interval_s).
         self._beats: dict[str, tuple[float, float]] = {}
+        # The claim of each run it beats, as its last heartbeat read it (see _check_claim).
+        self._claims: dict[str, bytes] = {}
 
     def _run_dir(self, run_id: str) -> str:
         return run_path(self.root_dir, run_id)
@@ -124,7 +129,8 @@ class FsspecWriter:
         """Removes the run's directory and everything in it (records, summaries, status,
         heartbeats, its claim), after the run's edges in its sources' ``descendants/`` (so
         that their lineage no longer names it). A process still writing the run writes its
-        next files again; nothing stops it."""
+        next files again; nothing stops it, but its next heartbeat notices (see
+        :meth:`_check_claim`)."""
         me = encode_run_id(run_id)
         try:
             parents = await self._storage.ls(self._path(run_id, PARENTS_DIR))
@@ -146,6 +152,7 @@ class FsspecWriter:
         # This process's summaries of the run would otherwise carry on from the deleted one.
         for key in [k for k in self._tallies if k[0] == run_id]:
             del self._tallies[key]
+        self._claims.pop(run_id, None)  # gone by this process's hand: nothing to report
         return True
 
     async def _write_status(
@@ -167,6 +174,7 @@ class FsspecWriter:
         and the lane's ``delivery`` state (lag, spooled, last error: what the dashboard shows
         of a live writer)."""
         now = time.time()
+        await self._check_claim(run_id)
         path = self._path(run_id, HEARTBEAT_DIR, f"{_names.token}.json")
         content: dict[str, object] = {"time": now, "interval_s": interval_s}
         if delivery is not None:
@@ -183,6 +191,50 @@ class FsspecWriter:
                     async with tally.lock:
                         tally.summary = dataclasses.replace(tally.summary, beat=(now, interval_s))
                         await self._put_summary(run_id, tally)
+
+    async def _check_claim(self, run_id: str) -> None:
+        """At each heartbeat (every ~30 s, off the hot path): whether the run was removed from
+        the store (``rm --force``, by any process) while this process writes it. Its claim
+        (``claim.json``) is made once, never rewritten, and removed only with the run: a
+        claim gone, or another one in its place (another writer of the run noticed first and
+        claimed it anew), since the last heartbeat means the run was removed. Then this
+        process's summaries of the run would make it again with counts and params the store
+        no longer holds: they start anew, empty (what this process writes from now on is
+        counted; what it wrote between the removal and now is in the store, uncounted), one
+        warning says so, and the run is claimed again, so that the next removal is noticed
+        too. A run without a claim (opened by ``AppRun`` rather than ``init()``, or by an
+        older version) is claimed at its first heartbeat here. A failed lookup is left to
+        the next heartbeat: this one is written anyway."""
+        path = self._path(run_id, CLAIM_FILE)
+        try:
+            claim = await self._storage.get(path)
+            if claim is None:
+                mine = {"run_id": run_id, "host": socket.gethostname(), "pid": os.getpid(),
+                        "time": time.time(), "writer": _names.token}  # fmt: skip
+                claim = _encode_json(mine, path)
+                if not await self.claim_run(run_id, mine):
+                    claim = await self._storage.get(path)  # another process's, meanwhile
+        except BackendError as exc:
+            logger.debug("async_tracker: cannot look up the claim of run %r: %s", run_id, exc)
+            return
+        if not claim:
+            return  # being written (an exclusive create shows empty for a moment): next beat
+        seen, self._claims[run_id] = self._claims.get(run_id), claim
+        held = [t for (run, _), t in list(self._tallies.items()) if run == run_id]
+        if seen is None or seen == claim or not held:
+            return
+        logger.warning(
+            "async_tracker: run %r was removed from the store while this process was writing "
+            "it; what it writes from now on starts the run anew",
+            run_id,
+        )
+        for tally in held:
+            # In place, under its lock: a batch being counted meanwhile lands before the
+            # reset or after it, on the new summary, and its summary write is followed by
+            # this heartbeat's. Loaded: what the store holds of it now is not to be continued.
+            async with tally.lock:
+                tally.summary = WriterSummary()
+                tally.loaded = True
 
     # -- writes ---------------------------------------------------------------------------------
     async def write_batch(self, run_id: str, batch: Batch) -> None:
@@ -238,6 +290,7 @@ class FsspecWriter:
         if batch.end is not None:
             self._tallies.pop((run_id, writer), None)  # a later life reloads it from the store
             self._beats.pop(run_id, None)
+            self._claims.pop(run_id, None)
 
     def _tally(self, run_id: str, writer: str) -> _Tally:
         tally = self._tallies.get((run_id, writer))
@@ -312,7 +365,7 @@ class FsspecWriter:
         if data is None:
             return None
         try:
-            return WriterSummary.from_json(orjson.loads(data))
+            return WriterSummary.from_json(_decode_json(data))
         except (*_UNPARSEABLE, orjson.JSONDecodeError) as exc:
             logger.warning("async_tracker: %s is not a run summary, rewritten: %s", path, exc)
             return None
