@@ -194,14 +194,15 @@ def init(
         # sync` with the same configuration finds them.
         stores = [t for _, t in from_env]
         names = [n for n, _ in from_env] + [backend_name(as_async(b)) for b in extra]
-    # A resumed run begins a new life, one past the highest its store holds (a counter, not
-    # a clock): its ending takes over the endings of earlier lives (a job killed, then
-    # requeued, that finishes is finished), and while it beats the run is running. Its
-    # metadata is stamped after everything stored before, whatever the clocks did.
+    # A run's first life is 1, and a resumed run begins a new life, one past the highest its
+    # store holds (a counter, not a clock): its ending takes over the endings of earlier
+    # lives (a job killed, then requeued, that finishes is finished), and while it beats the
+    # run is running. Its metadata is stamped after everything stored before, whatever the
+    # clocks did. (0 is a writer that did not look its life up: a rank opened by AppRun.)
     run = AppRun(
         id, [*stores, *extra], _last_steps=answer.steps,
         _life_start=started if resumed else 0.0,
-        _life=max(answer.life, 0) + 1 if resumed else 0,
+        _life=max(answer.life, 0) + 1,
         _stamp_floor=answer.stamp_ns, _backend_names=names, **options,
     )  # fmt: skip
     parent = os.environ.get(ENV_TORCHX_PARENT_RUN_ID)

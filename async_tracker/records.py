@@ -100,11 +100,12 @@ class Batch:
     rest) but not one of ``records``, which counts what the user logged. Backends store it
     last, after the batch's other parts (see :meth:`AsyncTrackerBase.write_batch`).
 
-    ``life`` and ``life_start`` go with ``end``: which life of the run the process that
-    sealed it lived (0 for a run's first; a resumed run's is one past the highest its store
-    held, a counter, not a clock) and when it began the run. A run resumed after it ended (a
-    requeued job) has a later life, whose ending readers take over the earlier ones (see
-    the fsspec store's ``run_status``).
+    ``life`` (on every batch) says which life of the run the process that cut it lives:
+    ``init()`` opens a run's first life as 1, and a resumed run's is one past the highest its
+    store held (a counter, not a clock); 0 for a writer that did not look its life up.
+    ``life_start`` goes with ``end``: when that process began the run. A run resumed after it
+    ended (a requeued job) has a later life, whose ending readers take over the earlier ones
+    (see the fsspec store's ``run_status``).
 
     ``done_for`` names the store the ``done`` marks were made in (the backend's
     ``store_id``): replayed into another store, the batch is written whole again.

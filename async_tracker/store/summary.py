@@ -105,6 +105,9 @@ class WriterSummary:
     # The writer's last heartbeat while it is live: ``(time, interval_s)``. Kept here so
     # that a reader of the run list tells a live run from a crashed one without another read.
     beat: tuple[float, float] | None = None
+    # Which life of the run the writer lives (see Batch.life; 0: it did not say), so that a
+    # requeued run's new life, live, overtakes the ending of an earlier one.
+    life: int = 0
 
     def to_json(self) -> dict[str, object]:
         return {
@@ -118,6 +121,7 @@ class WriterSummary:
             "keys": sorted(self.keys),
             "prior": self.prior,
             "beat": list(self.beat) if self.beat is not None else None,
+            "life": self.life,
             "params": {k: [ns, v] for k, (ns, v) in self.params.items()},
             "metrics": {name: m.to_json() for name, m in self.metrics.items()},
         }
@@ -143,6 +147,7 @@ class WriterSummary:
             keys=_texts(get("keys")),
             prior=bool(get("prior", False)),
             beat=_beat(get("beat")),
+            life=int(get("life", 0)),
         )
 
     def counted(self, key: str, seq: int) -> bool:

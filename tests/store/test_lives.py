@@ -97,4 +97,4 @@ def test_each_resume_lives_one_life_past_what_its_store_holds(tmp_path: Path) ->
         run = async_tracker.init("job", dir=root, id=RUN_ID, spool_dir=str(tmp_path / "s"))
         assert run.close(30).ok
         lives.append(runtime().loop.call(open_store(root).life_state, RUN_ID)[0])
-    assert lives == [0, 1, 2]
+    assert lives == [1, 2, 3]

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import posixpath
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from typing import TypeVar
 
 from async_tracker.backend.fsspec.layout import (
@@ -80,20 +80,25 @@ def _parse_metadata(_: str, data: bytes) -> dict[str, object]:
     return values
 
 
-def _parse_status(_: str, data: bytes) -> tuple[str, float, float]:
+# A writer's ending: (status, time, when its life began, which life: see _last_life_ending).
+Ending = tuple[str, float, float, int]
+
+
+def _parse_status(name: str, data: bytes) -> Ending:
     content = json.loads(data)
     status, when = content["status"], float(content["time"])
     if status not in _STATUS_RANK:
         raise ValueError(f"unknown status {status!r}")
-    return status, when, float(content.get("started", 0.0))
+    return status, when, float(content.get("started", 0.0)), _parse_life(name, data)
 
 
-def _parse_heartbeat(_: str, data: bytes) -> tuple[float, float]:
+def _parse_heartbeat(name: str, data: bytes) -> tuple[float, float, int]:
+    """A heartbeat file's time, interval and the life its writer lives."""
     content = json.loads(data)
     when, every = float(content["time"]), float(content["interval_s"])
     if not every > 0:
         raise ValueError(f"heartbeat interval {every!r} is not > 0")
-    return when, every
+    return when, every, _parse_life(name, data)
 
 
 def _parse_life(_: str, data: bytes) -> int:
@@ -108,7 +113,7 @@ def _parse_life(_: str, data: bytes) -> int:
 
 
 def _parse_heartbeat_file(data: bytes) -> dict[str, object]:
-    when, every = _parse_heartbeat("", data)
+    when, every, _ = _parse_heartbeat("", data)
     content = json.loads(data)
     delivery = content.get("delivery")
     out: dict[str, object] = {"time": when, "interval_s": every}
@@ -145,14 +150,39 @@ def _parse_edges(name: str, data: bytes) -> list[TrackerSource]:
     return [TrackerSource(other, n or None) for n in names]
 
 
-def _last_life_ending(endings: Sequence[tuple[str, float, float]]) -> tuple[str, float]:
-    """The run's ending from its writers' ``(status, time, started)`` (at least one): the
-    worst ending of its last life, at the latest time of that ending."""
-    latest_start = max(started for _, _, started in endings)
+def _last_life_ending(
+    endings: Sequence[Ending], unended: Collection[int] = ()
+) -> tuple[str, float] | None:
+    """The run's ending from its writers' endings ``(status, time, started, life)`` (at
+    least one) and the lives of its writers that have not ended (``unended``): the worst
+    ending of its last life, at the latest time of that ending; None when the last life has
+    not ended (a requeued run training again).
+
+    Lives are ordered by their number, a counter the store holds (``init()`` opens a run's
+    first life as 1, and a resumed run lives one past the highest it found), never by
+    clocks. A writer that did not look its life up (a rank opened with ``AppRun``, or a
+    version before lives were numbered: life 0) belongs to the latest numbered life that
+    began before it ended. Within one life, an ending
+    before another writer of it began (an older version's resumed life, told apart by its
+    start time alone) is overtaken."""
+    numbered = [(started, life) for _, _, started, life in endings if life > 0]
+
+    def life_of(ending: Ending) -> int:
+        _, when, _, life = ending
+        if life > 0:
+            return life
+        return max((n for started, n in numbered if started <= when), default=0)
+
+    lives = [life_of(e) for e in endings]
+    last = max([*lives, *unended])
+    mine = [e for e, life in zip(endings, lives) if life == last]
+    if not mine:
+        return None
+    latest_start = max(started for _, _, started, _ in mine)
     # Ranks of one life end after every rank began; an ending before the latest start is
     # an earlier life's. At least the latest ending is always kept.
-    last_life = [(s, t) for s, t, _ in endings if t >= latest_start] or [
-        max(((s, t) for s, t, _ in endings), key=lambda e: e[1])
+    last_life = [(s, t) for s, t, _, _ in mine if t >= latest_start] or [
+        max(((s, t) for s, t, _, _ in mine), key=lambda e: e[1])
     ]
     worst = max(_STATUS_RANK[s] for s, _ in last_life)
     times = [t for s, t in last_life if _STATUS_RANK[s] == worst]

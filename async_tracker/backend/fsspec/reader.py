@@ -342,17 +342,21 @@ class FsspecReader:
         skipped = _Skipped()
         status_dir = self.path(run_id, STATUS_DIR)
         parsed = await self.parsed(status_dir, _parse_status, skipped, cache)
-        if not parsed:
-            beats = await self.parsed(
-                self.path(run_id, HEARTBEAT_DIR), _parse_heartbeat, skipped, cache
-            )
-            skipped.warn()
-            now = time.time() if now is None else now
-            if beats and all(now - t > CRASHED_AFTER_BEATS * every for _, (t, every) in beats):
-                return "crashed", max(t for _, (t, _) in beats)
-            return "running", None
+        heartbeat_dir = self.path(run_id, HEARTBEAT_DIR)
+        beats = await self.parsed(heartbeat_dir, _parse_heartbeat, skipped, cache)
+        # The lives writers beat in: a life newer than every ending (a requeued run's, training
+        # again) has not ended; a writer that ended has its ending in its life too.
+        unended = [life for _, (_, _, life) in beats]
         skipped.warn()
-        return _last_life_ending([ending for _, ending in parsed])
+        ending = _last_life_ending([e for _, e in parsed], unended) if parsed else None
+        if ending is not None:
+            return ending
+        now = time.time() if now is None else now
+        last = max([0, *unended])
+        live = [(t, every) for _, (t, every, life) in beats if life >= last]
+        if live and all(now - t > CRASHED_AFTER_BEATS * every for t, every in live):
+            return "crashed", max(t for t, _ in live)
+        return "running", None
 
     async def heartbeats(self, run_id: str) -> dict[str, dict[str, object]]:
         """Each writer's last heartbeat, by writer token: ``{"time", "interval_s"}`` and,

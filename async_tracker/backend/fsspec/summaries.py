@@ -106,22 +106,26 @@ async def run_summaries(
     runs = [f for f in found if f.writers or f.rebuilt is not None]
     endings: list[tuple[str, float] | None] = []
     for f in runs:
+        summaries = list(f.merged().values())
         ended = [
-            (w.status, w.end, w.life_start)
-            for w in f.merged().values()
+            (w.status, w.end, w.life_start, w.life)
+            for w in summaries
             if w.status in _STATUS_RANK and w.end is not None
         ]
-        endings.append(_last_life_ending(ended) if ended else None)
+        # The lives of writers that have not ended: a requeued run's new life overtakes
+        # the ending of the one before it (see _last_life_ending).
+        unended = [w.life for w in summaries if w.end is None]
+        endings.append(_last_life_ending(ended, unended) if ended else None)
     live: dict[str, tuple[str, float | None]] = {}
     for f, e in zip(runs, endings):
         beats = [w.beat for w in f.merged().values() if w.beat is not None]
         if e is None and any(now - t <= CRASHED_AFTER_BEATS * every for t, every in beats):
             live[f.run_id] = ("running", None)
-    unended = [f.run_id for f, e in zip(runs, endings) if e is None and f.run_id not in live]
+    asked = [f.run_id for f, e in zip(runs, endings) if e is None and f.run_id not in live]
     statuses = dict(
         zip(
-            unended,
-            await _gather_bounded([reader.run_status(r, now, cache=cache) for r in unended]),
+            asked,
+            await _gather_bounded([reader.run_status(r, now, cache=cache) for r in asked]),
         )
     )
     statuses.update(live)
@@ -216,7 +220,7 @@ async def _rebuild(
         writers[token] = WriterSummary(
             start=start, updated=updated, params=params.get(token, {}), metrics=metrics,
             status=ending[0] if ending else None, end=ending[1] if ending else None,
-            life_start=ending[2] if ending else 0.0,
+            life_start=ending[2] if ending else 0.0, life=ending[3] if ending else 0,
         )  # fmt: skip
     path = summary_path(reader.root_dir, run_id, REBUILT_TOKEN)
     content = {"v": 1, "run": run_id, "writers": {t: w.to_json() for t, w in writers.items()}}

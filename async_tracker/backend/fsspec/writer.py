@@ -156,13 +156,21 @@ class FsspecWriter:
         return True
 
     async def _write_status(
-        self, run_id: str, reason: CloseReason, when: float, writer: str, started: float = 0.0
+        self,
+        run_id: str,
+        reason: CloseReason,
+        when: float,
+        writer: str,
+        started: float = 0.0,
+        life: int = 0,
     ) -> None:
         # One file per writer, so ranks ending one run never overwrite each other.
         path = self._path(run_id, STATUS_DIR, f"{writer}.json")
         content: dict[str, object] = {"status": reason, "time": when}
         if started:
             content["started"] = started
+        if life:
+            content["life"] = life
         with _mapped(f"write of run {run_id!r}"):
             await self._put_json(run_id, path, content)
 
@@ -186,10 +194,15 @@ class FsspecWriter:
             # which the run list reads alone; one not written yet takes it with its first
             # batch (see _update_summary).
             self._beats[run_id] = (now, interval_s)
+            said = (delivery or {}).get("life")
+            life = said if isinstance(said, int) and not isinstance(said, bool) else 0
             for (run, _), tally in list(self._tallies.items()):
                 if run == run_id and tally.loaded:
                     async with tally.lock:
-                        tally.summary = dataclasses.replace(tally.summary, beat=(now, interval_s))
+                        tally.summary = dataclasses.replace(
+                            tally.summary, beat=(now, interval_s),
+                            life=max(life, tally.summary.life),
+                        )  # fmt: skip
                         await self._put_summary(run_id, tally)
 
     async def _check_claim(self, run_id: str) -> None:
@@ -276,7 +289,9 @@ class FsspecWriter:
         when = batch.end_time or time.time()
         if batch.end is not None and END_PART not in batch.done:
             # The run's end follows everything it recorded (its summary aside).
-            await self._write_status(run_id, batch.end, when, writer, batch.life_start)
+            await self._write_status(
+                run_id, batch.end, when, writer, batch.life_start, batch.life
+            )
             batch.done.add(END_PART)
         # Last, at this flush boundary: the writer's summary with this batch counted (once,
         # whatever was retried or replayed). A failure here fails the batch, whose retry
@@ -285,7 +300,8 @@ class FsspecWriter:
         params = _stamped(batch.metadata, batch.metadata_ns, tag)
         end = None if batch.end is None else (str(batch.end), when, batch.life_start)
         await self._update_summary(
-            run_id, tally, None if counted else (batch.key, batch.seq, params, columns, end)
+            run_id, tally, None if counted else (batch.key, batch.seq, params, columns, end),
+            batch.life,
         )
         if batch.end is not None:
             self._tallies.pop((run_id, writer), None)  # a later life reloads it from the store
@@ -299,7 +315,9 @@ class FsspecWriter:
             tally = self._tallies[(run_id, writer)] = _Tally(path)
         return tally
 
-    async def _update_summary(self, run_id: str, tally: _Tally, batch: _Counted | None) -> None:
+    async def _update_summary(
+        self, run_id: str, tally: _Tally, batch: _Counted | None, life: int = 0
+    ) -> None:
         """Counts ``batch`` (key, seq, params, metric columns, end) in ``tally`` unless None
         (already counted), and writes the summary. Under the tally's lock: the first use
         loads what the writer's summary holds in the store (a replay by another process,
@@ -331,6 +349,8 @@ class FsspecWriter:
             beat = self._beats.get(run_id)
             if beat is not None and (tally.summary.beat or (0.0,))[0] < beat[0]:
                 tally.summary = dataclasses.replace(tally.summary, beat=beat)
+            if life > tally.summary.life:
+                tally.summary = dataclasses.replace(tally.summary, life=life)
             await self._put_summary(run_id, tally)
 
     async def _put_summary(self, run_id: str, tally: _Tally) -> None:
