@@ -194,15 +194,16 @@ def init(
         # sync` with the same configuration finds them.
         stores = [t for _, t in from_env]
         names = [n for n, _ in from_env] + [backend_name(as_async(b)) for b in extra]
-    # A run's first life is 1, and a resumed run begins a new life, one past the highest its
-    # store holds (a counter, not a clock): its ending takes over the endings of earlier
-    # lives (a job killed, then requeued, that finishes is finished), and while it beats the
-    # run is running. Its metadata is stamped after everything stored before, whatever the
-    # clocks did. (0 is a writer that did not look its life up: a rank opened by AppRun.)
+    # A run's first life is 1; a resumed run joins its latest life while that has not ended
+    # (ranks of one job), else begins the next (a counter the store holds, not a clock): its
+    # ending takes over the endings of earlier lives (a job killed, then requeued, that
+    # finishes is finished), and while it beats the run is running. Its metadata is stamped
+    # after everything stored before, whatever the clocks did. (0 is a writer that did not
+    # look its life up: a rank opened by AppRun.)
     run = AppRun(
         id, [*stores, *extra], _last_steps=answer.steps,
         _life_start=started if resumed else 0.0,
-        _life=max(answer.life, 0) + 1,
+        _life=answer.life,
         _stamp_floor=answer.stamp_ns, _backend_names=names, **options,
     )  # fmt: skip
     parent = os.environ.get(ENV_TORCHX_PARENT_RUN_ID)
@@ -270,8 +271,9 @@ class _Answer:
     run_id: str
     exists: bool  # claimed (open elsewhere, or created earlier) or holding records
     steps: dict[str, int] = dataclasses.field(default_factory=dict)
-    # The highest life its writers recorded (-1: none) and its latest metadata stamp (ns).
-    life: int = -1
+    # The life of the run this process lives (see FsspecReader.life_state; a new run's
+    # first is 1) and the run's latest metadata stamp (ns).
+    life: int = 1
     stamp_ns: int = 0
 
 

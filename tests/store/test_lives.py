@@ -90,11 +90,19 @@ def test_ranks_of_one_life_still_combine(tmp_path: Path) -> None:
     assert open_reader(root).status(RUN_ID)[0] == "failed"
 
 
-def test_each_resume_lives_one_life_past_what_its_store_holds(tmp_path: Path) -> None:
+def test_a_resume_begins_a_life_after_an_ended_one_and_joins_a_live_one(
+    tmp_path: Path,
+) -> None:
     root = str(tmp_path / "runs")
     lives = []
     for _ in range(3):
+        # What the next start would live: one past each life that ended.
         run = async_tracker.init("job", dir=root, id=RUN_ID, spool_dir=str(tmp_path / "s"))
         assert run.close(30).ok
         lives.append(runtime().loop.call(open_store(root).life_state, RUN_ID)[0])
-    assert lives == [1, 2, 3]
+    assert lives == [2, 3, 4]
+    # A life that has not ended (a rank of it still writes, or it crashed) is joined.
+    rank0 = async_tracker.init("job", dir=root, id=RUN_ID, spool_dir=str(tmp_path / "s"))
+    assert rank0.flush(30).ok
+    assert runtime().loop.call(open_store(root).life_state, RUN_ID)[0] == 4
+    assert rank0.close(30).ok

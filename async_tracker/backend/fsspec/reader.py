@@ -370,15 +370,21 @@ class FsspecReader:
         return {name.removesuffix(".json"): beat for name, beat in parsed}
 
     async def life_state(self, run_id: str) -> tuple[int, int]:
-        """What a process resuming ``run_id`` continues after: the highest life its writers
-        recorded (in their endings and heartbeats; -1 for none) and the latest metadata
-        stamp it holds (ns; 0 for none). Three listings and the status and heartbeat files:
-        read once, at a resume."""
+        """What a process resuming ``run_id`` lives and continues after: the run's life it
+        joins or begins, and the latest metadata stamp the run holds (ns; 0 for none).
+
+        The latest life a writer beat in without any writer of it ending (a rank of it still
+        training, or a life that crashed) is joined; once the latest life has an ending (it
+        finished, failed or was killed), a new one begins, one past it. A run with no life
+        recorded yet (a writer that just claimed it, or an older version's) is in its first.
+        Three listings and the status and heartbeat files: read once, at a resume."""
         skipped = _Skipped()
         ends = await self.parsed(self.path(run_id, STATUS_DIR), _parse_life, skipped)
         beats = await self.parsed(self.path(run_id, HEARTBEAT_DIR), _parse_life, skipped)
         names = await self.storage.ls_or_none(self.path(run_id, METADATA_DIR)) or []
         skipped.warn()
-        lives = [life for _, life in [*ends, *beats]]
+        ended = max((life for _, life in ends), default=0)
+        beating = max((life for _, life in beats), default=0)
+        life = beating if beating > ended else ended + 1 if ends else max(beating, 1)
         stamps = [_write_order(name)[0] for name, _ in names]
-        return max(lives, default=-1), max(stamps, default=0)
+        return life, max(stamps, default=0)
