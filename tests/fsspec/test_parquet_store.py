@@ -305,6 +305,43 @@ def test_compaction_at_close_leaves_one_file_per_writer_and_never_takes_anothers
         assert loss.writers is not None and set(loss.writers.tolist()) == {w.token}
 
 
+def test_parts_of_a_split_batch_are_told_apart_and_compacted(root: Path) -> None:
+    store = tracker(root)
+    w = Writer(store)
+    w.write(steps_of("loss", range(5)))
+    # The lane split a batch to find a refused record: the parts keep its numbers (first,
+    # seq) and get keys of their own.
+    batch = w.batch(steps_of("loss", range(5, 15)))
+    parts = []
+    for i, points in enumerate((batch.metrics[:4], batch.metrics[4:])):
+        part = Batch(batch.seq, metrics=list(points), records=len(points), first=batch.first,
+                     key=f"{batch.key}.{i}")  # fmt: skip
+        runtime().loop.call(store.write_batch, RUN, part)
+        parts.append(part)
+        w.points.extend(points)
+    assert len(listed(root)) == 3
+    ids = set()
+    for name in listed(root):
+        for col in decode_segment((metrics_dir(root) / name).read_bytes())[0].values():
+            assert col.writers is not None and col.seqs is not None
+            ids.update(zip(col.writers.tolist(), col.seqs.tolist()))
+    assert len(ids) == 15  # (writer, seq) one point's, in every part
+    assert {f"{w.token}.0", f"{w.token}.1"} <= {writer for writer, _ in ids}
+    folder = metrics_dir(root)
+    s = listed(root)
+    # Two compactions sharing the first segment, one with each part: every point once.
+    for names in ([s[0], s[1]], [s[0], s[2]]):
+        data = compact([(folder / n).read_bytes() for n in names], metadata=inputs_metadata(names))
+        (folder / compacted_name(names)).write_bytes(data)
+    want = expected_rows(w.points)
+    assert {k: as_rows(v) for k, v in read_metrics(store).items()} == want
+    assert scalar_rows(read_scalars(store)) == want
+    w.end()
+    (left,) = listed(root)
+    assert is_compacted(left)
+    assert {k: as_rows(v) for k, v in read_metrics(store).items()} == want
+
+
 def test_a_crash_after_the_compacted_file_before_removing_inputs_reads_every_point_once(
     root: Path,
 ) -> None:

@@ -48,9 +48,11 @@ INPUTS_KEY = "async_tracker.inputs"
 JSON_SUFFIX = ".jsonl"
 # A batch key: "<19-digit time>-<pipeline token>-<seq>", then ".<i>" per split by the lane.
 _KEY = r"\d{19}-[^-.]+-\d+"
-# A segment of a batch (of an unsplit one: group 2 empty) and a compacted file.
+# A segment of a batch (group 2: the part's suffix, for a part of a split batch), and a
+# compacted file.
 _BATCH_SEGMENT = re.compile(rf"({_KEY})((?:\.\d+)*)-[0-9a-f]{{12}}\.parquet")
 _COMPACTED = re.compile(rf"({_KEY})-compact-[0-9a-f]{{12}}\.parquet")
+_SPLIT = re.compile(rf"{_KEY}((?:\.\d+)+)")
 DIGEST_CHARS = 12
 
 
@@ -66,14 +68,19 @@ def is_compacted(name: str) -> bool:
 
 def compactable(name: str, writer: str) -> bool:
     """Whether ``name`` is one of ``writer``'s files that its compaction may take: a
-    segment of one of its unsplit batches, or a compacted file of its. Split parts of a
-    batch share the batch's first sequence number, so their rows could not be told apart
-    by ``(writer, seq)``: they stay as they are (a split is rare: a record refused)."""
-    found = _BATCH_SEGMENT.fullmatch(name)
-    if found is not None and not found.group(2):
-        return _token(found.group(1)) == writer
-    found = _COMPACTED.fullmatch(name)
+    segment of one of its batches, or a compacted file of its (not a direct call's, whose
+    name carries the process's token, nor another writer's)."""
+    found = _BATCH_SEGMENT.fullmatch(name) or _COMPACTED.fullmatch(name)
     return found is not None and _token(found.group(1)) == writer
+
+
+def row_writer(writer: str, key: str) -> str:
+    """What a batch's rows hold as their ``writer``: the writer's token, and for a part of a
+    batch the lane split (its key ends ``.<i>`` per split), that part's suffix. The parts
+    keep the batch's numbers, so their points start at the same ``seq``: the suffix keeps
+    ``(writer, seq)`` one point's."""
+    found = _SPLIT.fullmatch(key)
+    return writer + found.group(1) if found is not None else writer
 
 
 def _token(key: str) -> str:
@@ -241,5 +248,6 @@ __all__ = [
     "inputs_of",
     "is_compacted",
     "is_parquet",
+    "row_writer",
     "segment_digest",
 ]

@@ -18,7 +18,9 @@ column      type     meaning
 ``step``    int64    the step the caller gave
 ``value``   double   the value, as a float; NaN and infinities are stored as such
 ``time``    double   seconds since the epoch: exactly the float the caller logged
-``writer``  string   the writing process's token (one per process, hosts and forks included)
+``writer``  string   who wrote it: a token unique across processes and hosts (the fsspec
+                     store's: the run's pipeline in the writing process, a suffix per split
+                     for a part of a batch the lane split; the process, for a direct call)
 ``seq``     int64    the point's number in its writer's order (see :func:`encode_segment`)
 ==========  =======  ========================================================================
 
@@ -563,7 +565,7 @@ def _numpy(column: Any) -> npt.NDArray[Any]:
 
 
 # The numpy type of each Arrow type a column is read as (see _view).
-_NUMPY_TYPES: Final = {
+_NUMPY_TYPES: Final[dict[Any, np.dtype[Any]]] = {
     pa.int8(): np.dtype(np.int8), pa.int16(): np.dtype(np.int16),
     pa.int32(): np.dtype(np.int32), pa.int64(): np.dtype(np.int64),
     pa.uint8(): np.dtype(np.uint8), pa.uint16(): np.dtype(np.uint16),

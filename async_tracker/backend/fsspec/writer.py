@@ -72,6 +72,7 @@ from async_tracker.backend.fsspec.metricfiles import (
     inputs_metadata,
     inputs_of,
     is_compacted,
+    row_writer,
     segment_digest,
 )
 from async_tracker.backend.fsspec.parquet import (
@@ -238,7 +239,7 @@ class FsspecWriter:
         if "metrics" not in batch.done and batch.points():
             await self._write_segment(
                 run_id, batch.metric_rows(), batch.names, batch.key, columns,
-                writer=writer, first_seq=batch.first,
+                writer=row_writer(writer, batch.key), first_seq=batch.first,
             )  # fmt: skip
             batch.done.add("metrics")
         when = batch.end_time or time.time()
@@ -444,9 +445,8 @@ class FsspecWriter:
         * its name is fixed by its inputs: a compaction of the same files overwrites it;
           two of different files that share inputs are told apart by readers, who keep one
           row per ``(writer, seq)``;
-        * another writer's files are never taken, nor a split batch's parts (whose rows
-          share their numbers), nor a file that cannot be read (it stays, and is skipped by
-          readers as before).
+        * another writer's files are never taken (nor direct calls'), nor a file that
+          cannot be read (it stays, and is skipped by readers as before).
 
         Inputs covered by a compacted file (a crash before their removal) are removed too,
         once that file reads whole."""
