@@ -409,6 +409,24 @@ def test_a_compaction_that_fails_keeps_every_segment(
     assert len(read_metrics(store)["loss"]) == 10
 
 
+def test_a_compaction_out_of_time_is_given_up_and_keeps_every_segment(
+    root: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    store = tracker(root)
+    w = Writer(store)
+    w.write(steps_of("loss", range(5)))
+    w.write(steps_of("loss", range(5, 10)))
+    before = listed(root)
+    monkeypatch.setattr(writer_module, "COMPACTION_BUDGET_S", 0.0)
+    with caplog.at_level(logging.WARNING, logger="async_tracker"):
+        w.end()
+    (warning,) = [r for r in caplog.records if r.levelno >= logging.WARNING]
+    assert "not compacted within" in warning.getMessage()
+    assert listed(root) == before
+    assert runtime().loop.call(store.run_status, RUN)[0] == "finished"
+    assert len(read_metrics(store)["loss"]) == 10
+
+
 def test_a_segment_that_does_not_read_whole_is_left_out_of_the_compaction(
     root: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
