@@ -626,7 +626,7 @@ def pandas_last_loss(frame: Any) -> dict[str, float]:
     return dict(loss.drop_duplicates("run", keep="last").set_index("run")["value"])
 
 
-def test_duckdb_polars_and_pandas_query_a_local_store_in_place(tmp_path: Path) -> None:
+def test_duckdb_and_polars_query_a_local_store_in_place(tmp_path: Path) -> None:
     duckdb = pytest.importorskip("duckdb")
     pl = pytest.importorskip("polars")
     root = tmp_path / "runs"
@@ -708,3 +708,50 @@ def test_inputs_are_recorded_in_the_compacted_files_metadata(root: Path) -> None
     meta = pq.read_metadata(pa.BufferReader((metrics_dir(root) / name).read_bytes())).metadata
     assert sorted(json.loads(meta[INPUTS_KEY.encode()])) == inputs
     assert meta[b"async_tracker.format"] == b"metrics/1"
+
+
+NO_PANDAS = """
+import sys
+
+asked = []
+
+class Watch:
+    def find_spec(self, name, path=None, target=None):
+        if name == "pandas":
+            asked.append(name)
+        return None
+
+sys.meta_path.insert(0, Watch())
+from async_tracker import AppRun
+from async_tracker.init_run import open_store
+from async_tracker.runtime.process import runtime
+
+root, spool = sys.argv[1], sys.argv[2]
+run = AppRun("r/1", [open_store(root)], spool_dir=spool, heartbeat_s=0)
+for step in range(20):
+    run.log_metric("loss", 1.0 / (step + 1), step=step)
+    if step % 7 == 0:
+        assert run.flush(30).ok
+assert run.close(30).ok
+store = open_store(root)
+assert len(runtime().loop.call(store.metrics, "r/1")["loss"]) == 20
+assert len(runtime().loop.call(store.reader().scalars, "r/1").curves["loss"]) == 20
+print(bool(asked) or "pandas" in sys.modules, flush=True)
+"""
+
+
+def test_writing_compacting_and_reading_never_import_pandas(tmp_path: Path) -> None:
+    """pyarrow imports pandas the first time some of its calls meet Python or numpy objects
+    (``pa.array``, ``to_numpy``): half a second on the tracker's thread, and a process that
+    imports pandas off its main thread aborts at exit. The store makes none of those calls."""
+    import subprocess
+    import sys
+
+    from tests.core.helpers import python_env
+
+    done = subprocess.run(
+        [sys.executable, "-c", NO_PANDAS, str(tmp_path / "runs"), str(tmp_path / "spool")],
+        env=python_env(), capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "False"
