@@ -392,7 +392,7 @@ async def test_batch_key_names_the_files_and_a_replay_overwrites(tmp_path: Path)
     # One file per key, named by the batch's key, its position, a digest of the key.
     assert [f.rsplit("-", 2)[0] for f in metadata_files] == [k1, k2]
     assert [f.split("-")[:3] for f in metric_files] == [k1.split("-"), k2.split("-")]
-    assert all(f.endswith(".jsonl") for f in metric_files)
+    assert all(f.endswith(".parquet") for f in metric_files)
 
     # The process crashed before the ack of k2: another process replays k2 from the
     # write-ahead log. Its files are overwritten, not duplicated.

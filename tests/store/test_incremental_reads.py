@@ -12,10 +12,14 @@ from pathlib import Path
 from async_tracker import AppRun
 from async_tracker.backend.fsspec import (
     AsyncFsspecTracker,
+    MetricsCursor,
+    MetricSegments,
     SummaryFileCache,
-    parse_segment_columns,
+    points_of,
 )
+from async_tracker.backend.fsspec.segments import _parse_segment
 from async_tracker.init_run import open_store
+from async_tracker.records import TrackerMetric
 from async_tracker.runtime.process import runtime
 from async_tracker.store.summary import RunSummary
 
@@ -30,6 +34,15 @@ def read(store: AsyncFsspecTracker, cache: SummaryFileCache) -> list[RunSummary]
     return runtime().loop.call(functools.partial(store.run_summaries, cache=cache))
 
 
+def segments(
+    store: AsyncFsspecTracker, run_id: str, since: MetricsCursor | None = None
+) -> MetricSegments[dict[str, list[TrackerMetric]]]:
+    read = functools.partial(
+        store.metric_segments, run_id, _parse_segment, points_of, since=since
+    )
+    return runtime().loop.call(read)
+
+
 def test_metric_segments_returns_only_the_segments_not_read(tmp_path: Path) -> None:
     root = tmp_path / "runs"
     run = AppRun("r/1", [open_store(str(root))], spool_dir=str(tmp_path / "spool"), heartbeat_s=0)
@@ -38,20 +51,31 @@ def test_metric_segments_returns_only_the_segments_not_read(tmp_path: Path) -> N
         run.log_metric("loss", value, step=step)
     assert run.flush(30).ok
     store = backend(root)
-    first = runtime().loop.call(store.metric_segments, "r/1", (), parse_segment_columns)
-    assert len(first) == 1
-    name, columns = first[0]
-    steps, got, times = columns["loss"]
-    assert steps == [0, 1, 2, 3] and len(times) == 4
+    first = segments(store, "r/1")
+    assert first.reset and len(first.segments) == 1
+    name, points = first.segments[0]
+    assert name.endswith(".parquet")
+    steps = [p.step for p in points["loss"]]
+    got = [p.value for p in points["loss"]]
+    assert steps == [0, 1, 2, 3]
     assert got[0] == 0.5 and math.isnan(got[1]) and got[2:] == [math.inf, -math.inf]
-    assert runtime().loop.call(store.metric_segments, "r/1", {name}, parse_segment_columns) == []
+    again = segments(store, "r/1", first.cursor)
+    assert again.segments == [] and not again.reset
     run.log_metrics({"loss": 0.25, "acc": 0.9}, step=4)
-    assert run.close(30).ok
-    (new,) = runtime().loop.call(store.metric_segments, "r/1", {name}, parse_segment_columns)
-    assert new[0] != name and new[1] == {
-        "loss": ([4], [0.25], new[1]["loss"][2]), "acc": ([4], [0.9], new[1]["acc"][2])
+    assert run.flush(30).ok
+    (new,) = segments(store, "r/1", first.cursor).segments
+    assert new[0] != name
+    assert {k: [(p.step, p.value) for p in v] for k, v in new[1].items()} == {
+        "loss": [(4, 0.25)], "acc": [(4, 0.9)]
     }
-    assert runtime().loop.call(store.metric_segments, "nobody", (), parse_segment_columns) == []
+    assert run.close(30).ok
+    # Closing compacted the run's two segments into one file: a read after the first one
+    # starts again, with every point.
+    closed = segments(store, "r/1", first.cursor)
+    assert closed.reset and len(closed.segments) == 1
+    assert [p.step for p in closed.segments[0][1]["loss"]] == [0, 1, 2, 3, 4]
+    empty = segments(store, "nobody")
+    assert empty.segments == [] and empty.reset
 
 
 def test_summary_files_unchanged_are_taken_from_the_cache(tmp_path: Path) -> None:

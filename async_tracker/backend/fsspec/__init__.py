@@ -12,7 +12,9 @@ codec), ``parsing`` (the record files read back, and what a read skipped), ``cac
 reader of the run list keeps between listings), ``writer`` (the write half: batches,
 summaries, heartbeats, a run's claim and end), ``reader`` (the read half: one run's
 records, status and heartbeats), ``summaries`` (the run list, from one listing of the root),
-``config`` (torchx's config file), and this module, which puts them together.
+``config`` (torchx's config file), and this module, which puts them together. Metric data
+is Apache Parquet: ``parquet`` (the schema and codec) and ``metricfiles`` (the metric files
+of a run: names, what compaction covers, what a following reader keeps).
 """
 
 from __future__ import annotations
@@ -51,7 +53,9 @@ from async_tracker.backend.fsspec.layout import (
 
 # Private names that tests import from here.
 from async_tracker.backend.fsspec.layout import _names as _names
-from async_tracker.backend.fsspec.reader import FsspecReader, _Parsed
+from async_tracker.backend.fsspec.metricfiles import MetricsCursor
+from async_tracker.backend.fsspec.parquet import Columns
+from async_tracker.backend.fsspec.reader import FsspecReader, MetricSegments, _Parsed, points_of
 from async_tracker.backend.fsspec.segments import (
     MAX_STRIDE,
     UNPARSEABLE_LINE,
@@ -105,6 +109,8 @@ __all__ = [
     "FsspecReader",
     "FsspecTracker",
     "FsspecWriter",
+    "MetricSegments",
+    "MetricsCursor",
     "NotADirectory",
     "SegmentColumns",
     "SummaryFileCache",
@@ -115,6 +121,7 @@ __all__ = [
     "map_error",
     "parse_column_line",
     "parse_segment_columns",
+    "points_of",
     "read_config",
     "skipped_line",
     "summary_path",
@@ -253,12 +260,17 @@ class AsyncFsspecTracker(AsyncTrackerBase):
     async def metric_segments(
         self,
         run_id: str,
-        known: Collection[str],
-        parse: Callable[[bytes], tuple[_Parsed, str]],
-    ) -> list[tuple[str, _Parsed]]:
-        """The run's metric segments not in ``known``, in write order (see
+        parse_json: Callable[[bytes], tuple[_Parsed, str]],
+        convert: Callable[[dict[str, Columns]], _Parsed],
+        *,
+        since: MetricsCursor | None = None,
+        names: Collection[str] | None = None,
+    ) -> MetricSegments[_Parsed]:
+        """The run's live metric files after ``since``, in write order (see
         :meth:`FsspecReader.metric_segments`)."""
-        return await self._reader.metric_segments(run_id, known, parse)
+        return await self._reader.metric_segments(
+            run_id, parse_json, convert, since=since, names=names
+        )
 
     async def run_exists(self, run_id: str) -> bool:
         """Whether the store holds ``run_id`` (see :meth:`FsspecReader.run_exists`)."""

@@ -8,7 +8,7 @@ Layout under ``root_dir`` (torchx's ``FsspecTracker`` and ``torchx tracker list`
         sources/<base32(src)>                   artifact names, one a line ("" for none)
         parents/<base32(src)>.<digest(art)>     new: one file per lineage edge (its artifact)
         descendants/<base32(id)>.<digest(art)>  the same edge, in the source's directory
-        metrics/<name>.jsonl                    new (torchx ignores it): immutable segments
+        metrics/<name>.parquet                  new (torchx ignores it): immutable segments
         .tmp/                                   staging for atomic renames, where there are
     .summary-<digest(run_id)>-<writer token>.json   new: what each writing process wrote, summed
     .summary-<digest(run_id)>-rebuilt.json          new: the same, rebuilt by a reader once
@@ -17,9 +17,12 @@ Names of metadata and metric files start with the wall-clock time in nanoseconds
 unique to the process (hosts and forks included) and a counter, so they never collide and
 sort into write order. A batch that has a ``key`` (fixed when it was cut, before its
 write-ahead line) uses it as the tag: ``metadata/<key>-<n>-<digest>`` and
-``metrics/<key>-<digest of the segment>.jsonl``, so that a retry, or a replay by another
-process after a crash, overwrites instead of duplicating. A batch without a key gets a tag at
-its first attempt and keeps it for its retries (``Batch.names``).
+``metrics/<key>-<digest of what the segment holds>.parquet``, so that a retry, or a replay by
+another process after a crash, overwrites instead of duplicating. A batch without a key gets a
+tag at its first attempt and keeps it for its retries (``Batch.names``). Metric segments are
+Apache Parquet (``parquet.py``), compacted into one file per writer when its run ends
+(``<first key>-compact-<digest>.parquet``; see ``metricfiles.py``); JSON Lines segments
+(``.jsonl``: older versions, and batches whose steps do not fit int64) are read too.
 
 Everything here is names and paths: no I/O. ``writer.py`` writes this layout, ``reader.py``
 and ``summaries.py`` read it.
@@ -155,6 +158,7 @@ class _Names:
             self.token = f"{secrets.token_hex(4)}{os.getpid():x}"
             self.count = 0
             self.last_ns = 0
+            self.points = 0
             self.lock = threading.Lock()
 
     def __init__(self) -> None:
@@ -181,6 +185,16 @@ class _Names:
             state.last_ns = now
             state.count += 1
             return f"{now}-{state.token}-{state.count:06d}{suffix}"
+
+
+    def numbers(self, n: int) -> int:
+        """The first of ``n`` numbers new in this process (under its token): what the points
+        of a direct ``add_metrics`` call are numbered by (``seq`` in Parquet segments)."""
+        state = self._state()
+        with state.lock:
+            first = state.points
+            state.points += n
+            return first
 
 
 _names = _Names()

@@ -18,7 +18,9 @@ column      type     meaning
 ``step``    int64    the step the caller gave
 ``value``   double   the value, as a float; NaN and infinities are stored as such
 ``time``    double   seconds since the epoch: exactly the float the caller logged
-``writer``  string   the writing process's token (one per process, hosts and forks included)
+``writer``  string   who wrote it: a token unique across processes and hosts (the fsspec
+                     store's: the run's pipeline in the writing process, a suffix per split
+                     for a part of a batch the lane split; the process, for a direct call)
 ``seq``     int64    the point's number in its writer's order (see :func:`encode_segment`)
 ==========  =======  ========================================================================
 
@@ -184,9 +186,10 @@ def encode_segment(
     ``first_seq`` is the batch's first record's number in its writer's order).
 
     Runs on the tracker's worker thread at every flush, sharing the GIL with the training
-    loop: each column is made by C loops over the Python numbers (``np.fromiter``,
-    ``pa.array``), the strings as dictionary indices, and the Parquet writer runs without
-    the GIL. Columns given as numpy arrays are taken as they are (no loop over points).
+    loop: each column is made by C loops over the Python numbers (``np.fromiter``), the
+    strings as dictionary indices, and the Parquet writer runs without the GIL. Columns
+    given as numpy arrays are taken as they are (no loop over points). Arrow arrays are
+    made from numpy's buffers, never by ``pa.array`` (see :func:`_arrow`).
 
     Raises ValueError naming the metric for a step beyond int64 (Python ints are unbounded;
     the call site takes any), columns of unequal length, a value or time that is not a
@@ -213,15 +216,15 @@ def encode_segment(
     times = _floats(names, cols, 2, "time")
     name_index = np.repeat(np.arange(len(names), dtype=np.int32), lengths)
     # One zero index per row: shared by run and writer (Arrow arrays are immutable).
-    zeros = pa.array(np.zeros(n, dtype=np.int32))
+    zeros = _arrow(np.zeros(n, dtype=np.int32))
     arrays = [
         _dictionary(zeros, [run_id], "run id"),
-        _dictionary(pa.array(name_index), names, "metric name"),
-        pa.array(steps),
+        _dictionary(_arrow(name_index), names, "metric name"),
+        _arrow(steps),
         values,
         times,
         _dictionary(zeros, [writer], "writer"),
-        pa.array(np.arange(first_seq, first_seq + n, dtype=np.int64)),
+        _arrow(np.arange(first_seq, first_seq + n, dtype=np.int64)),
     ]
     return _write(pa.Table.from_arrays(arrays, schema=_WRITE_SCHEMA))
 
@@ -258,9 +261,9 @@ def _int64(name: str, steps: npt.NDArray[Any]) -> IntArray:
 
 def _floats(names: Sequence[str], cols: Sequence[_Points], field: int, what: str) -> Any:
     """Field ``field`` (1 values, 2 times) of every name as one float64 Arrow array: a C loop
-    per name (pyarrow's, which, unlike numpy's, makes None a null rather than NaN). pyarrow
-    refuses an int that a double does not hold exactly; such a name's numbers are taken by
-    ``float()``, as the call site does (the rare path)."""
+    per name (numpy's, which takes what ``float()`` takes; an int a double does not hold
+    exactly is rounded, as at the call site). numpy makes None a NaN: a NaN is looked at
+    (the rare path), to refuse a None."""
     parts = []
     for name, col in zip(names, cols):
         numbers = col[field]
@@ -269,29 +272,49 @@ def _floats(names: Sequence[str], cols: Sequence[_Points], field: int, what: str
                 raise ValueError(
                     f"metric {name!r}: {what}s of dtype {numbers.dtype} are not numbers"
                 )
-            parts.append(pa.array(numbers.astype(np.float64, copy=False)))
+            parts.append(numbers.astype(np.float64, copy=False))
             continue
         try:
-            part = pa.array(numbers, type=pa.float64())
-        except (pa.ArrowException, TypeError, ValueError, OverflowError):
-            try:
-                part = pa.array(np.fromiter(map(float, numbers), np.float64, len(numbers)))
-            except (TypeError, ValueError, OverflowError) as exc:
-                raise ValueError(
-                    f"metric {name!r}: a {what} is not a number ({_reason(exc)})"
-                ) from exc
-        if part.null_count:
+            part = np.fromiter(numbers, np.float64, len(numbers))
+        except (TypeError, ValueError, OverflowError) as exc:
+            raise ValueError(f"metric {name!r}: a {what} is not a number ({_reason(exc)})") from exc
+        nans = np.flatnonzero(np.isnan(part))
+        if len(nans) and any(numbers[i] is None for i in nans.tolist()):
             raise ValueError(f"metric {name!r}: a {what} is None")
         parts.append(part)
     if len(parts) == 1:
-        return parts[0]
-    return pa.concat_arrays(parts) if parts else pa.array([], pa.float64())
+        return _arrow(parts[0])
+    return _arrow(np.concatenate(parts) if parts else np.empty(0, np.float64))
+
+
+def _arrow(array: npt.NDArray[Any]) -> Any:
+    """A numpy array of numbers or booleans as an Arrow array, over the same memory (bits,
+    for booleans). Not ``pa.array``, which asks pyarrow's pandas shim about its argument:
+    the first such call imports pandas (half a second, on the tracker's thread), and pandas
+    imported by a thread other than the main one aborts the process at exit ("Fatal Python
+    error: PyGILState_Release")."""
+    array = np.ascontiguousarray(array)
+    if array.dtype == np.bool_:
+        bits = np.packbits(array, bitorder="little")
+        return pa.Array.from_buffers(pa.bool_(), len(array), [None, pa.py_buffer(bits)])
+    kind = pa.from_numpy_dtype(array.dtype)
+    return pa.Array.from_buffers(kind, len(array), [None, pa.py_buffer(array)])
+
+
+def _strings(values: Sequence[str]) -> Any:
+    """``values`` as an Arrow string array (see :func:`_arrow`); UnicodeError for a value
+    without a UTF-8 form."""
+    encoded = [v.encode("utf-8") for v in values]
+    offsets = np.zeros(len(encoded) + 1, dtype=np.int32)
+    np.cumsum([len(e) for e in encoded], out=offsets[1:])
+    buffers = [None, pa.py_buffer(offsets), pa.py_buffer(b"".join(encoded))]
+    return pa.Array.from_buffers(pa.string(), len(encoded), buffers)
 
 
 def _dictionary(indices: Any, values: Sequence[str], what: str) -> Any:
     try:
-        dictionary = pa.array(values, type=pa.string())
-    except (pa.ArrowException, UnicodeError) as exc:  # a lone surrogate: no UTF-8 for it
+        dictionary = _strings(values)
+    except UnicodeError as exc:  # a lone surrogate: no UTF-8 for it
         bad = next((v for v in values if not _is_utf8(v)), None)
         raise ValueError(f"{what} {bad!r} is not valid UTF-8: {_reason(exc)}") from exc
     return pa.DictionaryArray.from_arrays(indices, dictionary)
@@ -362,7 +385,7 @@ def decode_segment(
         keep = [i for i, name in enumerate(dictionary) if name in asked]
         if len(keep) < len(dictionary):
             mask = np.isin(codes, keep)
-            table = table.filter(pa.array(mask))
+            table = table.filter(_arrow(mask))
             codes = codes[mask]
             if not len(codes):
                 return {}, skipped
@@ -502,7 +525,7 @@ def _normalized(table: Any) -> Any:
                 except _ARROW_ERRORS as exc:
                     raise SegmentError(f"column {column}: {_reason(exc)}") from exc
         arrays.append(array)
-    normalized = pa.table(arrays, names=table.column_names).unify_dictionaries()
+    normalized = pa.Table.from_arrays(arrays, names=table.column_names).unify_dictionaries()
     normalized = normalized.combine_chunks()
     # Parquet's reader checks neither UTF-8 nor dictionary indices: corrupt bytes could
     # give a string that is not text, or an index past its dictionary. Linear, and cheap
@@ -526,7 +549,7 @@ def _codes(column: Any) -> tuple[npt.NDArray[np.int32], list[str]]:
     dictionary holds twice gets the first one's index."""
     (chunk,) = column.chunks if column.num_chunks else [column.combine_chunks()]
     values: list[str] = chunk.dictionary.to_pylist()
-    codes = np.asarray(chunk.indices.to_numpy(zero_copy_only=False), dtype=np.int32)
+    codes = np.asarray(_view(chunk.indices), dtype=np.int32)
     first: dict[str, int] = {}
     remap = [first.setdefault(v, len(first)) for v in values]
     if len(first) < len(values):
@@ -537,8 +560,31 @@ def _codes(column: Any) -> tuple[npt.NDArray[np.int32], list[str]]:
 
 def _numpy(column: Any) -> npt.NDArray[Any]:
     (chunk,) = column.chunks if column.num_chunks else [column.combine_chunks()]
-    array: npt.NDArray[Any] = chunk.to_numpy(zero_copy_only=False)
+    array: npt.NDArray[Any] = _view(chunk)
     return array
+
+
+# The numpy type of each Arrow type a column is read as (see _view).
+_NUMPY_TYPES: Final[dict[Any, np.dtype[Any]]] = {
+    pa.int8(): np.dtype(np.int8), pa.int16(): np.dtype(np.int16),
+    pa.int32(): np.dtype(np.int32), pa.int64(): np.dtype(np.int64),
+    pa.uint8(): np.dtype(np.uint8), pa.uint16(): np.dtype(np.uint16),
+    pa.uint32(): np.dtype(np.uint32), pa.uint64(): np.dtype(np.uint64),
+    pa.float32(): np.dtype(np.float32), pa.float64(): np.dtype(np.float64),
+}  # fmt: skip
+
+
+def _view(array: Any) -> npt.NDArray[Any]:
+    """An Arrow array of numbers without nulls as a read-only numpy view of its memory. Not
+    ``to_numpy``: Arrow's conversion to numpy imports pandas on first use (see
+    :func:`_arrow`)."""
+    if array.null_count:
+        raise SegmentError("unexpected nulls")  # pragma: no cover: dropped before
+    dtype = _NUMPY_TYPES[array.type]
+    data = array.buffers()[1]
+    if data is None:
+        return np.empty(0, dtype)
+    return np.frombuffer(data, dtype=dtype, count=len(array), offset=array.offset * dtype.itemsize)
 
 
 def _groups(codes: npt.NDArray[np.int32], size: int) -> Iterable[tuple[int, slice | IntArray]]:
@@ -566,11 +612,20 @@ def _groups(codes: npt.NDArray[np.int32], size: int) -> Iterable[tuple[int, slic
 # -- compaction ---------------------------------------------------------------------------------
 
 
-def compact(segments: Sequence[bytes], row_group_rows: int = COMPACT_ROW_GROUP_ROWS) -> bytes:
+def compact(
+    segments: Sequence[bytes],
+    row_group_rows: int = COMPACT_ROW_GROUP_ROWS,
+    metadata: Mapping[str, str] | None = None,
+    *,
+    dedupe: bool = False,
+) -> bytes:
     """The rows of ``segments`` (in write order) as one Parquet file of the same schema, in
     the order given: row groups of ``row_group_rows`` rows (the last one smaller; their name
     statistics let a reader of one metric skip the groups that cannot hold it). Rows are
-    not sorted: a reader recovers a curve's order by ``(step, seq)``.
+    not sorted: a reader recovers a curve's order by ``(step, seq)``. ``metadata`` is added
+    to the file's key-value metadata (the fsspec store records the inputs there). With
+    ``dedupe``, a row whose ``(writer, seq)`` an earlier segment holds is left out: segments
+    that hold the same rows (two compacted files of shared inputs) give each row once.
 
     Safe because nothing is rewritten: the output is a new immutable file, and the inputs
     are removed only once it is in place (the caller's job). A crash in between leaves the
@@ -584,8 +639,11 @@ def compact(segments: Sequence[bytes], row_group_rows: int = COMPACT_ROW_GROUP_R
     """
     sink = pa.BufferOutputStream()
     writer = _writer(sink)
+    if metadata:
+        writer.add_key_value_metadata(dict(metadata))
     pending: list[Any] = []
     count = 0
+    seen: dict[str, list[IntArray]] = {}
     try:
         for i, segment in enumerate(segments):
             try:
@@ -595,6 +653,8 @@ def compact(segments: Sequence[bytes], row_group_rows: int = COMPACT_ROW_GROUP_R
             nulls = [c for c in COLUMN_NAMES if table.column(c).null_count]
             if nulls:
                 raise SegmentError(f"segment {i}: nulls in {', '.join(nulls)}")
+            if dedupe:
+                table = _unseen(table, seen)
             pending.append(table.cast(_WRITE_SCHEMA))
             count += table.num_rows
             while count >= row_group_rows:
@@ -610,3 +670,19 @@ def compact(segments: Sequence[bytes], row_group_rows: int = COMPACT_ROW_GROUP_R
         writer.close()
     data: bytes = sink.getvalue().to_pybytes()
     return data
+
+
+def _unseen(table: Any, seen: dict[str, list[IntArray]]) -> Any:
+    """``table`` less the rows whose ``(writer, seq)`` is in ``seen`` (seqs by writer), and
+    the rows kept added to ``seen``."""
+    codes, writers = _codes(table.column("writer"))
+    seqs = _numpy(table.column("seq"))
+    keep = np.ones(len(seqs), dtype=bool)
+    for code, writer in enumerate(writers):
+        rows = codes == code
+        earlier = seen.get(writer)
+        if earlier:
+            keep[rows] &= ~np.isin(seqs[rows], np.concatenate(earlier))
+    for code, writer in enumerate(writers):
+        seen.setdefault(writer, []).append(seqs[(codes == code) & keep])
+    return table if keep.all() else table.filter(_arrow(keep))

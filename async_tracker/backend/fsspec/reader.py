@@ -1,17 +1,24 @@
 """The read half of the fsspec store: :class:`FsspecReader`, one run's records read back.
 
 Reads sort by name and skip what they cannot parse (a foreign file, a truncated line, JSON
-nested too deep, a step that is not an integer, a file where a directory should be) with one
-warning per read naming the files (see ``parsing.py``). The run list (every run's summary)
-is read by ``summaries.py``, on top of this reader.
+nested too deep, a step that is not an integer, a corrupt Parquet file, a file where a
+directory should be) with one warning per read naming the files (see ``parsing.py``). The
+run list (every run's summary) is read by ``summaries.py``, on top of this reader.
+
+Metric files are read by their suffix: ``.parquet`` by the Parquet codec (``parquet.py``),
+anything else as JSON Lines (``segments.py``), skipping what compacted files cover (see
+``metricfiles.py``): :meth:`FsspecReader.metric_segments` is the one place that decides.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import functools
+import itertools
 import posixpath
 import time
 from collections.abc import Callable, Collection, Hashable, Iterable, Mapping, Sequence
-from typing import TypeVar
+from typing import Generic, TypeVar
 
 import anyio
 
@@ -31,6 +38,15 @@ from async_tracker.backend.fsspec.layout import (
     encode_run_id,
     run_path,
 )
+from async_tracker.backend.fsspec.metricfiles import (
+    Coverage,
+    MetricsCursor,
+    Seen,
+    inputs_of,
+    is_compacted,
+    is_parquet,
+)
+from async_tracker.backend.fsspec.parquet import Columns, SegmentError, decode_segment
 from async_tracker.backend.fsspec.parsing import (
     _last_life_ending,
     _parse_artifact,
@@ -57,8 +73,37 @@ from async_tracker.runtime.process import run_blocking
 from async_tracker.settings import CRASHED_AFTER_BEATS
 
 T = TypeVar("T")
-# What a metric_segments caller's parser makes of one segment.
+# What a metric_segments caller makes of one segment.
 _Parsed = TypeVar("_Parsed")
+# How many times a read of a run's metric files lists again when a file listed was gone
+# when read (removed by a compaction meanwhile: the compacted file is there by then).
+_METRIC_READS = 3
+# Builds a TrackerMetric from a 4-tuple without its Python __new__ (a C call per point).
+_METRIC = itertools.repeat(TrackerMetric)
+
+
+@dataclasses.dataclass(frozen=True)
+class MetricSegments(Generic[_Parsed]):
+    """What :meth:`FsspecReader.metric_segments` returns: each file read, by name, in name
+    order (which is write order), with what the caller made of it; the cursor to pass
+    next time; and whether ``segments`` holds every live file (``reset``: the first read,
+    or files read before are no longer live, compacted meanwhile) or only those after the
+    cursor."""
+
+    segments: list[tuple[str, _Parsed]]
+    cursor: MetricsCursor
+    reset: bool
+
+
+def points_of(columns: Mapping[str, Columns]) -> dict[str, list[TrackerMetric]]:
+    """Decoded Parquet columns (times read) as points, each metric's in file order."""
+    out: dict[str, list[TrackerMetric]] = {}
+    for name, col in columns.items():
+        assert col.times is not None
+        rows = zip(itertools.repeat(name), col.values.tolist(), col.steps.tolist(),
+                   col.times.tolist())  # fmt: skip
+        out[name] = list(map(tuple.__new__, _METRIC, rows))
+    return out
 
 
 class FsspecReader:
@@ -241,72 +286,195 @@ class FsspecReader:
         return runs, [(name, versions[name]) for name in names]
 
     async def metrics(self, run_id: str) -> Mapping[str, Sequence[TrackerMetric]]:
-        skipped = _Skipped()
-        directory = self.path(run_id, METRICS_DIR)
-        files, _ = await self.read_files(directory, skipped)
-        # Every point of every segment, none merged with another: a segment's name is fixed
-        # by its batch (its key and content) before any write, so a retry or a replay of the
-        # batch overwrites its own segment and never adds one; two points alike (a step, a
-        # clock tick, a value) are two writes. Segments sort by name, which is write order
-        # (the key's time, writer, sequence), and the sort below is stable: points of one
-        # step keep the order they were logged in.
+        """Every point of every metric, sorted by step, then time (the tracker API's
+        order), then write order: a writer's points by their number (files sort in write
+        order, and rows within a file are in it), and points of several writers by the
+        order of their files. No point is merged with another: a segment's name is fixed
+        by its batch before any write, so a retry or a replay of the batch overwrites its
+        own segment and never adds one; two points alike (a step, a clock tick, a value)
+        are two writes."""
+        read = await self.metric_segments(run_id, _parse_segment, points_of)
         points: dict[str, list[TrackerMetric]] = {}
-        for name, data in files:
-            segment, bad = _parse_segment(data)
-            if bad:
-                skipped.add(posixpath.join(directory, name), bad)
+        for _, segment in read.segments:
             for metric, seg_points in segment.items():
                 points.setdefault(metric, []).extend(seg_points)
-        skipped.warn()
+        # A stable sort: points of one step and time keep write order.
         return {name: sort_points(p) for name, p in points.items()}
 
     async def metric_segments(
         self,
         run_id: str,
-        known: Collection[str],
-        parse: Callable[[bytes], tuple[_Parsed, str]],
-    ) -> list[tuple[str, _Parsed]]:
-        """The run's metric segments not in ``known`` (names returned by earlier calls), in
-        write order: ``(name, parse(content)[0])``. Segments are immutable once written, so
-        a reader that keeps what it read asks only for the new ones: one listing, and reads
-        of the new files alone (how the dashboard follows a live run).
+        parse_json: Callable[[bytes], tuple[_Parsed, str]],
+        convert: Callable[[dict[str, Columns]], _Parsed],
+        *,
+        since: MetricsCursor | None = None,
+        names: Collection[str] | None = None,
+        skipped: _Skipped | None = None,
+    ) -> MetricSegments[_Parsed]:
+        """The run's live metric files (see ``metricfiles.py``: what compacted files cover is
+        not read), in name order: Parquet files decoded (name, step, value and time; with
+        ``names``, only those metrics' rows, and only the row groups that may hold them)
+        and handed to ``convert``, others parsed by ``parse_json``, which returns what it
+        made and describes the lines it skipped (``""`` if none). Each file is parsed as
+        soon as it is read, in a worker thread, one at a time (parsing JSON holds the GIL,
+        and threads taking turns at it only lose time), while the next ones are read.
 
-        ``parse`` turns a segment's bytes into columns and describes the lines it skipped
-        (``""`` if none), which are warned about as by :meth:`metrics`:
-        :func:`parse_segment_columns` gives lists, in each segment's order (not sorted)."""
-        skipped = _Skipped()
+        With ``since`` (the cursor of an earlier read), only the files after it are read,
+        unless a file read then is no longer live (``reset``: every live file is read).
+        Files are immutable once written, so a reader that keeps what it read asks only
+        for the new ones: one listing, the footers of new compacted files, and the new
+        files (how the dashboard follows a live run).
+
+        What cannot be read is named in one warning (in ``skipped`` when given: the caller
+        warns). A file listed but gone when read (removed by a compaction meanwhile) makes
+        the read list again, a few times at most: the compacted file is there by then."""
+        own = skipped is None
+        for attempt in range(_METRIC_READS):
+            tried = _Skipped() if own else skipped
+            assert tried is not None
+            result, vanished = await self._metric_segments(
+                run_id, parse_json, convert, since, names, tried
+            )
+            if not vanished or attempt == _METRIC_READS - 1:
+                if own:
+                    tried.warn()
+                return result
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    async def _metric_segments(
+        self,
+        run_id: str,
+        parse_json: Callable[[bytes], tuple[_Parsed, str]],
+        convert: Callable[[dict[str, Columns]], _Parsed],
+        since: MetricsCursor | None,
+        names: Collection[str] | None,
+        skipped: _Skipped,
+    ) -> tuple[MetricSegments[_Parsed], bool]:
         directory = self.path(run_id, METRICS_DIR)
         try:
             listing = await self.storage.ls(directory)
         except NotADirectory:
             skipped.add(directory, "a file where a directory should be")
-            skipped.warn()
-            return []
-        names = [n for n, kind in listing if kind == "file" and n not in known]
+            return MetricSegments([], MetricsCursor(), reset=True), False
+        present: list[str] = []
+        for name, kind in listing:
+            if kind == "file":
+                present.append(name)
+            else:
+                skipped.add(posixpath.join(directory, name), "a directory where files are kept")
+        known = since or MetricsCursor()
+        inputs = {n: known.inputs[n] for n in present if n in known.inputs}
+        unreadable = {n for n in present if n in known.unreadable}
+        contents: dict[str, bytes] = {}
+        gone: set[str] = set()
 
-        # Each segment is parsed as soon as it is read (in a worker thread), so that reading
-        # the next ones overlaps the parsing: a huge metric's first read is mostly parsing.
-        # One parse at a time: parsing holds the GIL, and threads taking turns at it only
-        # lose time (and hold more segments in memory at once).
+        async def fetch(wanted: Sequence[str]) -> None:
+            reads = [self.storage.get(posixpath.join(directory, n)) for n in wanted]
+            for name, data in zip(wanted, await _gather_bounded(reads)):
+                if data is None:
+                    gone.add(name)
+                else:
+                    contents[name] = data
+
+        # The inputs of the compacted files not met before, from their footers.
+        met = inputs.keys() | unreadable
+        await fetch([n for n in present if is_compacted(n) and n not in met])
+        for name in present:
+            if name in contents:
+                try:
+                    inputs[name] = inputs_of(contents[name])
+                except SegmentError as exc:
+                    skipped.add(posixpath.join(directory, name), exc)
+                    unreadable.add(name)
+
         parsing = anyio.Lock()
+        endpoint = self.storage.endpoint
 
-        async def read(name: str) -> tuple[_Parsed, str] | None:
-            data = await self.storage.get(posixpath.join(directory, name))
-            if data is None:
-                return None  # gone meanwhile (the run was deleted)
-            async with parsing:
-                return await run_blocking(parse, data, endpoint=self.storage.endpoint)
-
-        out: list[tuple[str, _Parsed]] = []
-        for name, result in zip(names, await _gather_bounded([read(n) for n in names])):
-            if result is None:
-                continue
-            columns, bad = result
+        async def decode(name: str, ids: bool) -> dict[str, Columns] | None:
+            """A Parquet file's columns (with writers and seqs when ``ids``), or None."""
+            columns = ("time", "writer", "seq") if ids else ("time",)
+            call = functools.partial(decode_segment, contents[name], names=names, columns=columns)
+            try:
+                async with parsing:
+                    decoded, bad = await run_blocking(call, endpoint=endpoint)
+            except SegmentError as exc:
+                skipped.add(posixpath.join(directory, name), exc)
+                return None
             if bad:
                 skipped.add(posixpath.join(directory, name), bad)
-            out.append((name, columns))
-        skipped.warn()
-        return out
+            return decoded
+
+        # Compacted files first: one that does not read whole covers nothing, and what it
+        # would have covered is read instead. Each round settles at least one file.
+        decoded: dict[str, tuple[dict[str, Columns], bool]] = {}
+        while True:
+            files = Coverage(
+                tuple(n for n in present if n not in gone), inputs, frozenset(unreadable)
+            )
+            live, overlapping = files.live, files.overlapping
+            reset = (
+                since is None
+                or not known.consumed <= set(live)
+                # Rows of a new file that a file read before holds too: read both again.
+                or bool(overlapping & known.consumed and overlapping - known.consumed)
+            )
+            todo = [n for n in live if reset or n not in known.consumed]
+            pending = [
+                n for n in todo
+                if is_compacted(n)
+                and (n not in decoded or (n in overlapping and not decoded[n][1]))
+            ]  # fmt: skip
+            if not pending:
+                break
+            await fetch([n for n in pending if n not in contents])
+            for name in pending:
+                if name in gone:
+                    continue
+                got = await decode(name, name in overlapping)
+                if got is None:
+                    unreadable.add(name)
+                else:
+                    decoded[name] = (got, name in overlapping)
+
+        async def read(name: str) -> _Parsed | None:
+            """What the caller makes of a file that is not compacted (None: gone, or not
+            Parquet after all)."""
+            if name not in contents:
+                data = await self.storage.get(posixpath.join(directory, name))
+                if data is None:
+                    gone.add(name)
+                    return None
+                contents[name] = data
+            if is_parquet(name):
+                got = await decode(name, False)
+                del contents[name]
+                return None if got is None else convert(got)
+            async with parsing:
+                parsed, bad = await run_blocking(parse_json, contents.pop(name), endpoint=endpoint)
+            if bad:
+                skipped.add(posixpath.join(directory, name), bad)
+            return parsed
+
+        rest = [n for n in todo if n not in decoded]
+        results = dict(zip(rest, await _gather_bounded([read(n) for n in rest])))
+        seen = Seen()
+        segments: list[tuple[str, _Parsed]] = []
+        for name in todo:
+            if name in decoded:
+                columns = decoded[name][0]
+                if name in overlapping:
+                    # Two compacted files share inputs: the first keeps their rows.
+                    columns = seen.keep(columns)
+                segments.append((name, convert(columns)))
+            elif (parsed := results.get(name)) is not None:
+                segments.append((name, parsed))
+        listed = set(present) - gone
+        cursor = MetricsCursor(
+            consumed=frozenset(n for n in live if n not in gone),
+            inputs={n: i for n, i in inputs.items() if n in listed and n not in unreadable},
+            unreadable=frozenset(unreadable & listed),
+        )
+        return MetricSegments(segments, cursor, reset), bool(gone)
 
     # -- how the run is doing -------------------------------------------------------------------
     async def run_exists(self, run_id: str) -> bool:

@@ -1,18 +1,23 @@
 """The fsspec store's native reader (:class:`~async_tracker.store.reader.RunReader`): the
 run list from the writers' summaries (one listing of the store's root, summary files cached
-by version between listings), a run's scalars from the metric segments not read yet
-(segments are immutable once written, so a cursor is the set of segments read)."""
+by version between listings), a run's scalars from the metric files not read yet (files are
+immutable once written, so a cursor is the set of files read, and what the compacted ones
+among them cover: see ``metricfiles.py``)."""
 
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping, Sequence
 
+import numpy as np
+
 from async_tracker.backend.fsspec import summaries
 from async_tracker.backend.fsspec.cache import SummaryFileCache
 from async_tracker.backend.fsspec.columns import parse_segment, times_array
+from async_tracker.backend.fsspec.metricfiles import MetricsCursor
+from async_tracker.backend.fsspec.parquet import Columns
 from async_tracker.backend.fsspec.reader import FsspecReader
 from async_tracker.records import Lineage, TrackerArtifact, TrackerMetric
-from async_tracker.store.reader import RunReader, Scalars, ScalarsRead, merge_points
+from async_tracker.store.reader import RunReader, Scalars, ScalarsRead
 from async_tracker.store.summary import RunSummary
 
 
@@ -59,28 +64,60 @@ class FsspecRunReader(RunReader):
         names: Collection[str] | None = None,
         since: object | None = None,
     ) -> ScalarsRead:
-        """The points of the segments not in ``since`` (the segments an earlier read took),
-        parsed straight into columns."""
-        known = since if isinstance(since, frozenset) else frozenset()
-        segments = await self.store.metric_segments(run_id, known, parse_segment)
+        """The points of the metric files not read by the read that returned ``since``,
+        decoded straight into columns (Parquet: the name, step, value and time columns of
+        the row groups that may hold ``names``). After a compaction of files read then,
+        every point (``reset``)."""
+        cursor = since if isinstance(since, MetricsCursor) else None
+        read = await self.store.metric_segments(
+            run_id, _json_scalars, _scalars, since=cursor, names=names
+        )
         parts: dict[str, list[Scalars]] = {}
-        for _, chunks in segments:
-            for name, chunk in chunks.items():
+        for _, curves in read.segments:
+            for name, part in curves.items():
                 if names is None or name in names:
-                    parts.setdefault(name, []).append(
-                        Scalars(
-                            chunk.steps.astype("int64"), chunk.values, times_array(chunk.times)
-                        )
-                    )
-        curves = {name: merge_points(group) for name, group in parts.items()}
-        cursor = known | {name for name, _ in segments}
-        return ScalarsRead(curves, cursor, reset=not known)
-
+                    parts.setdefault(name, []).append(part)
+        joined = {name: _joined(group) for name, group in parts.items()}
+        return ScalarsRead({n: c for n, c in joined.items() if len(c)}, read.cursor, read.reset)
     async def status(self, run_id: str) -> tuple[str, float | None]:
         return await self.store.run_status(run_id)
 
     async def writers(self, run_id: str) -> dict[str, dict[str, object]]:
         return await self.store.heartbeats(run_id)
+
+
+def _scalars(columns: Mapping[str, Columns]) -> dict[str, Scalars]:
+    """A Parquet file's decoded columns (times read) as Scalars, in file order."""
+    out = {}
+    for name, col in columns.items():
+        assert col.times is not None
+        out[name] = Scalars(col.steps, col.values, col.times)
+    return out
+
+
+def _json_scalars(data: bytes) -> tuple[dict[str, Scalars], str]:
+    """A JSON Lines segment as Scalars, in file order, and the lines skipped."""
+    chunks, bad = parse_segment(data)
+    curves = {
+        name: Scalars(chunk.steps.astype(np.int64), chunk.values, times_array(chunk.times))
+        for name, chunk in chunks.items()
+    }
+    return curves, bad
+
+
+def _joined(parts: Sequence[Scalars]) -> Scalars:
+    """One metric's parts (files in write order, each in its order) as one, sorted by step,
+    stably: points of one step keep write order."""
+    if len(parts) == 1:
+        steps, values, times = parts[0].steps, parts[0].values, parts[0].times
+    else:
+        steps = np.concatenate([p.steps for p in parts])
+        values = np.concatenate([p.values for p in parts])
+        times = np.concatenate([p.times for p in parts])
+    if len(steps) > 1 and not bool(np.all(steps[1:] >= steps[:-1])):
+        order = np.argsort(steps, kind="stable")
+        steps, values, times = steps[order], values[order], times[order]
+    return Scalars(steps, values, times)
 
 
 __all__ = ["FsspecRunReader"]

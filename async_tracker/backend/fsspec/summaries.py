@@ -51,7 +51,7 @@ from async_tracker.backend.fsspec.parsing import (
     _parse_status,
     _Skipped,
 )
-from async_tracker.backend.fsspec.reader import FsspecReader
+from async_tracker.backend.fsspec.reader import FsspecReader, points_of
 from async_tracker.backend.fsspec.segments import _parse_segment
 from async_tracker.backend.fsspec.storage import _decode_json, _encode_json, _gather_bounded
 from async_tracker.errors import BackendError
@@ -167,14 +167,16 @@ async def _rebuild(
     if entries is None or RUN_PARTS.isdisjoint(name for name, _ in entries):
         return None
     present = {name for name, _ in entries}
-    meta_dir, seg_dir = reader.path(run_id, METADATA_DIR), reader.path(run_id, METRICS_DIR)
+    meta_dir = reader.path(run_id, METADATA_DIR)
     meta = (
         await reader.parsed(meta_dir, _parse_metadata, skipped)
         if METADATA_DIR in present
         else []
     )
-    segments, _ = (
-        await reader.read_files(seg_dir, skipped) if METRICS_DIR in present else ([], False)
+    segments = (
+        (await reader.metric_segments(run_id, _parse_segment, points_of, skipped=skipped)).segments
+        if METRICS_DIR in present
+        else []
     )
     ends = (
         await reader.parsed(reader.path(run_id, STATUS_DIR), _parse_status, skipped)
@@ -190,10 +192,8 @@ async def _rebuild(
         if stamp > 0:
             times.setdefault(token, []).append(stamp / 1e9)
     points: dict[str, dict[str, list[TrackerMetric]]] = {}
-    for name, data in segments:
-        parsed, bad = _parse_segment(data)
-        if bad:
-            skipped.add(posixpath.join(seg_dir, name), bad)
+    for name, parsed in segments:
+        # A compacted file is one writer's: its name carries the token, as its inputs' did.
         for metric, pts in parsed.items():
             points.setdefault(_file_token(name), {}).setdefault(metric, []).extend(pts)
     writers: dict[str, WriterSummary] = {}
