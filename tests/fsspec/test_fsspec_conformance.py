@@ -67,6 +67,6 @@ def test_s3_batches_are_a_handful_of_objects(s3_config: str) -> None:
     # One metadata file and one metrics segment: never one object per record (and, once the
     # run ended, the file saying how, its heartbeat, and the writer's summary).
     assert len(objects) == 5, objects
-    assert sum("/.summary-" in p for p in objects) == 1, objects
+    assert sum("/.index-summary-" in p for p in objects) == 1, objects
     assert sum("/heartbeat/" in p for p in objects) == 1
     assert sum("/status/" in p for p in objects) == 1, objects
