@@ -154,7 +154,8 @@ def drop_summaries(url: str, n: int) -> None:
     backend = open_store(url)
     assert isinstance(backend, AsyncFsspecTracker)
     fs = backend.fs
-    fs.rm(fs.glob(f"{backend.root_dir}/.summary-*"))
+    # The run index (its summaries and checkpoints), as a store written before it existed.
+    fs.rm(fs.glob(f"{backend.root_dir}/.index-*"))
     fs.invalidate_cache()
 
 

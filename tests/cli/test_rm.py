@@ -15,7 +15,7 @@ import pytest
 
 from async_tracker import AppRun
 from async_tracker.adapters import as_sync
-from async_tracker.backend.fsspec import encode_run_id
+from async_tracker.backend.fsspec import INDEX_PREFIX, encode_run_id, summary_path
 from async_tracker.cli.main import main
 from async_tracker.cli.query import read_metrics
 from async_tracker.init_run import open_store
@@ -74,16 +74,14 @@ def test_rm_by_prefix_deletes_those_runs_only(url: str, capsys: pytest.CaptureFi
     assert listed(url, capsys) == {KEEP}
     assert (kept.metadata(KEEP), read_metrics(open_reader(kept), KEEP)) == before
     if not url.startswith("s3://"):
-        # Nothing of theirs is left: status/, heartbeat/, claim.json and their summaries
-        # went too.
-        left = sorted(p.name for p in Path(url).iterdir())
-        kept_summaries = [
-            p.rsplit("/", 1)[1]
-            for p in kept.async_tracker.fs.glob(  # type: ignore[attr-defined]
-                kept.async_tracker.summary_path(KEEP, "*")
-            )
-        ]  # type: ignore[attr-defined]
-        assert left == sorted([encode_run_id(KEEP), *kept_summaries]) and kept_summaries
+        # Nothing of theirs is left (status/, heartbeat/, claim.json, their summaries) but
+        # the tombstones that void them in the run index until its next compaction.
+        root = Path(url)
+        left = [p.name for p in root.iterdir() if not p.name.startswith(INDEX_PREFIX)]
+        assert left == [encode_run_id(KEEP)]
+        for gone in (GONE, OTHER):
+            assert not list(root.glob(Path(summary_path(url, gone, "*")).name))
+            assert list(root.glob(f"{INDEX_PREFIX}removed-*"))
 
     # A run already gone: an unknown id, nothing done.
     assert main(["--store", url, "rm", GONE, "--yes"]) == 2

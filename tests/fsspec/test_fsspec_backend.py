@@ -51,8 +51,9 @@ def tracker(root: Path) -> FsspecTracker:
 
 def test_run_dir_is_torchx_base32(root: Path, tracker: FsspecTracker) -> None:
     tracker.add_metadata(RUN, a=1)
-    # The run's directory, and beside it (hidden) the summary of what this process wrote.
-    (entry,) = [e for e in root.iterdir() if not e.name.startswith(".summary-")]
+    # The run's directory, and beside it (hidden files) the run index: the summary of what
+    # this process wrote.
+    (entry,) = [e for e in root.iterdir() if not e.name.startswith(".index-")]
     assert entry.name == "NRXWGYLMHIXS643FONZWS33OF5QXA4BNGE======"
     assert decode_run_id(entry.name) == RUN
 

@@ -69,6 +69,6 @@ def test_s3_batches_are_a_handful_of_objects(s3_config: str) -> None:
     # and the writer's summary).
     assert len(objects) == 6, objects
     assert sum(p.endswith("/claim.json") for p in objects) == 1, objects
-    assert sum("/.summary-" in p for p in objects) == 1, objects
+    assert sum("/.index-summary-" in p for p in objects) == 1, objects
     assert sum("/heartbeat/" in p for p in objects) == 1
     assert sum("/status/" in p for p in objects) == 1, objects

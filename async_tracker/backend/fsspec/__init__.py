@@ -9,12 +9,13 @@ The modules, from the bottom up: ``layout`` (where each record lies and how file
 the reference for the layout), ``storage`` (the I/O, as coroutines over any fsspec
 filesystem, and the one boundary where errors are mapped), ``segments`` (the metric segment
 codec), ``parsing`` (the record files read back, and what a read skipped), ``cache`` (what a
-reader of the run list keeps between listings), ``writer`` (the write half: batches,
-summaries, heartbeats, a run's claim and end), ``reader`` (the read half: one run's
-records, status and heartbeats), ``summaries`` (the run list, from one listing of the root),
-``config`` (torchx's config file), and this module, which puts them together. Metric data
-is Apache Parquet: ``parquet`` (the schema and codec) and ``metricfiles`` (the metric files
-of a run: names, what compaction covers, what a following reader keeps).
+reader of the run list keeps between listings), ``reader`` (the read half: one run's
+records, status and heartbeats), ``index`` (the run index: the writers' summaries and their
+compacted checkpoint), ``summaries`` (the run list, from the index), ``writer`` (the write
+half: batches, summaries, heartbeats, a run's claim and end), ``config`` (torchx's config
+file), and this module, which puts them together. Metric data is Apache Parquet:
+``parquet`` (the schema and codec) and ``metricfiles`` (the metric files of a run: names,
+what compaction covers, what a following reader keeps).
 """
 
 from __future__ import annotations
@@ -34,6 +35,8 @@ from async_tracker.backend.fsspec.layout import (
     DESCENDANTS_DIR,
     DIGEST_CHARS,
     HEARTBEAT_DIR,
+    INDEX_PREFIX,
+    LEGACY_SUMMARY_PREFIX,
     MAX_FILE_NAME_BYTES,
     METADATA_DIR,
     METRICS_DIR,
@@ -48,6 +51,7 @@ from async_tracker.backend.fsspec.layout import (
     _utf8,
     decode_run_id,
     encode_run_id,
+    legacy_summary_path,
     summary_path,
 )
 
@@ -92,6 +96,8 @@ __all__ = [
     "DESCENDANTS_DIR",
     "DIGEST_CHARS",
     "HEARTBEAT_DIR",
+    "INDEX_PREFIX",
+    "LEGACY_SUMMARY_PREFIX",
     "MAX_CONCURRENT_FILES",
     "MAX_FILE_NAME_BYTES",
     "MAX_STRIDE",
@@ -118,6 +124,7 @@ __all__ = [
     "decode_run_id",
     "describe_skipped",
     "encode_run_id",
+    "legacy_summary_path",
     "map_error",
     "parse_column_line",
     "parse_segment_columns",

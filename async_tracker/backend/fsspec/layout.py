@@ -10,8 +10,16 @@ Layout under ``root_dir`` (torchx's ``FsspecTracker`` and ``torchx tracker list`
         descendants/<base32(id)>.<digest(art)>  the same edge, in the source's directory
         metrics/<name>.parquet                  new (torchx ignores it): immutable segments
         .tmp/                                   staging for atomic renames, where there are
-    .summary-<digest(run_id)>-<writer token>.json   new: what each writing process wrote, summed
-    .summary-<digest(run_id)>-rebuilt.json          new: the same, rebuilt by a reader once
+    .index-summary-<digest(run_id)>-<writer token>.json  new: what each process wrote, summed
+    .index-summary-<digest(run_id)>-rebuilt.json         new: the same, rebuilt by a reader once
+    .index-claim-<digest(run_id)>-<time>-<tag>-<n>.json  new: a run claimed (listed at once)
+    .index-removed-<digest(run_id)>-<time>-<tag>-<n>.json  new: a run deleted (a tombstone)
+    .index-checkpoint-<20-digit n>.json[.gz]            new: all of the above, compacted
+    .summary-<digest(run_id)>-<writer token>.json       the previous version's summaries
+
+The ``.index-`` files are the run index (see ``index.py``): files at the root, not a folder,
+because torchx's ``run_ids`` takes every folder at the root for a run (a hidden one too);
+one prefix, so that object stores list them alone (a request per 1,000 index files).
 
 Names of metadata and metric files start with the wall-clock time in nanoseconds, then a tag
 unique to the process (hosts and forks included) and a counter, so they never collide and
@@ -57,11 +65,15 @@ _STATUS_RANK = {"finished": 0, "killed": 1, "failed": 2}
 # intervals reads as crashed (not a run part either).
 HEARTBEAT_DIR = "heartbeat"
 # What each writing process wrote to a run, summed (see "Summaries" in summaries.py): a file
-# at the store's root, ``.summary-<digest of the run id>-<writer token>.json``; the run's
-# rebuilt summary has the token ``rebuilt`` (writer tokens are hex, or digits, an "x" and hex).
-SUMMARY_PREFIX = ".summary-"
+# of the run index at the store's root, ``.index-summary-<digest of the run id>-<writer
+# token>.json``; the run's rebuilt summary has the token ``rebuilt`` (writer tokens are hex,
+# or digits, an "x" and hex). The previous version named them ``.summary-...``: the name's
+# pattern takes both.
+INDEX_PREFIX = ".index-"
+SUMMARY_PREFIX = ".index-summary-"
+LEGACY_SUMMARY_PREFIX = ".summary-"
 REBUILT_TOKEN = "rebuilt"
-_SUMMARY_FILE = re.compile(r"\.summary-[0-9a-f]{16}-([0-9a-fx]+|rebuilt)\.json")
+_SUMMARY_FILE = re.compile(r"\.(?:index-)?summary-[0-9a-f]{16}-([0-9a-fx]+|rebuilt)\.json")
 # The token in a file name of ours: "<19-digit time>-<token>-..." (metadata, segments).
 _FILE_TOKEN = re.compile(r"\d{19}-([^-]+)-")
 # The writer token in a batch key "<19-digit time>-<token>-<seq>[.part...]".
@@ -104,9 +116,15 @@ def encode_run_id(run_id: str) -> str:
 
 def summary_path(root_dir: str, run_id: str, writer: str) -> str:
     """Where the store at ``root_dir`` keeps the summary of ``run_id`` by ``writer`` (see
-    "Summaries" in ``summaries.py``): named by a digest of the id, which a base32 name of the
-    longest ids would not fit beside a writer token."""
+    "Summaries" in ``summaries.py``), in its run index at the root: named by a digest of the
+    id, which a base32 name of the longest ids would not fit beside a writer token."""
     return posixpath.join(root_dir, f"{SUMMARY_PREFIX}{_digest(run_id)}-{writer}.json")
+
+
+def legacy_summary_path(root_dir: str, run_id: str, writer: str) -> str:
+    """Where the previous version kept the summary of ``run_id`` by ``writer``: at the
+    store's root (still read; see ``index.py``)."""
+    return posixpath.join(root_dir, f"{LEGACY_SUMMARY_PREFIX}{_digest(run_id)}-{writer}.json")
 
 
 def decode_run_id(name: str) -> str | None:
@@ -133,9 +151,10 @@ def run_path(root_dir: str, run_id: str, *parts: str) -> str:
 def _root_entry(
     name: str, is_dir: bool, runs: list[tuple[str, str]], summaries: list[str]
 ) -> str:
-    """Sorts one entry of the root into ``runs`` (``(name, run id)``) or ``summaries``;
-    why it is neither ("" if it is one, or one of the store's own files: see _beside_runs)."""
-    if _SUMMARY_FILE.fullmatch(name) and not is_dir:
+    """Sorts one entry of the root into ``runs`` (``(name, run id)``) or ``summaries`` (the
+    previous version's, ``.summary-...``); why it is neither ("" if it is one, or one of the
+    store's own files: see _beside_runs)."""
+    if name.startswith(LEGACY_SUMMARY_PREFIX) and _SUMMARY_FILE.fullmatch(name) and not is_dir:
         summaries.append(name)
         return ""
     run_id = decode_run_id(name)

@@ -1,35 +1,36 @@
-"""The run list of the fsspec store: every run's summary, from one listing of its root.
+"""The run list of the fsspec store: every run's summary, from the run index.
 
 Summaries. Each process keeps, per run it writes, a summary of what it wrote (params, each
 metric's last/min/max/count/last step, start, end, its last heartbeat; see
 ``async_tracker.store.summary``) and rewrites it whole at the end of each ``write_batch`` (a
 flush boundary, never per point) and at each heartbeat (see ``writer.py``). Readers of the
 run list (:func:`run_summaries`) read those files only, merging the writers' summaries. They
-sit at the store's root, not in the run's directory, and hold the run id: one listing of the
-root finds every run and every summary, so the list costs one listing (a request per 1,000
-entries on object stores) plus one small read per summary, where a folder per run would cost
-a listing per run. torchx's reader skips files at the root; the leading dot hides them from
-``ls``. A batch counts once in its writer's summary whatever happens to it: it is named by
-the batch's writer token (a replay by another process continues that writer's summary from
-the store), and the summary keeps which batches it counts (see ``WriterSummary.counted``). A
-run without any summary (written before summaries existed, or by torchx) is summarised from
-its files once, per writer token found in the file names, and that is kept as the run's
-``rebuilt`` summary; a writer's own summary replaces the rebuilt part of its token, so
-nothing counts twice when a writer was still writing while a reader rebuilt.
+sit in the store's run index (``.index-*`` files at its root, see ``index.py``), not in the
+run's directory, and hold the run id: the list costs one listing of the index and a read of
+its checkpoint, plus one small read per summary written since the checkpoint, where a folder
+per run would cost a listing per run. torchx's reader skips files at the root; the leading
+dot hides them from ``ls``. A batch counts once in its
+writer's summary whatever happens to it: it is named by the batch's writer token (a replay
+by another process continues that writer's summary from the store), and the summary keeps
+which batches it counts (see ``WriterSummary.counted``). A run without any summary (written
+before summaries existed, or by torchx) is summarised from its files once, per writer token
+found in the file names, and that is kept as the run's ``rebuilt`` summary; a writer's own
+summary replaces the rebuilt part of its token, so nothing counts twice when a writer was
+still writing while a reader rebuilt.
 """
 
 from __future__ import annotations
 
 import logging
 import math
-import os
-import posixpath
 import time
 from collections.abc import Mapping
 
 import orjson
 
+from async_tracker.backend.fsspec import index
 from async_tracker.backend.fsspec.cache import SummaryFileCache
+from async_tracker.backend.fsspec.index import _Found
 from async_tracker.backend.fsspec.layout import (
     _STATUS_RANK,
     _SUMMARY_FILE,
@@ -41,7 +42,6 @@ from async_tracker.backend.fsspec.layout import (
     STATUS_DIR,
     TMP_DIR,
     _file_token,
-    _root_entry,
     _write_order,
     summary_path,
 )
@@ -56,7 +56,6 @@ from async_tracker.backend.fsspec.segments import _parse_segment
 from async_tracker.backend.fsspec.storage import _decode_json, _encode_json, _gather_bounded
 from async_tracker.errors import BackendError
 from async_tracker.records import TrackerMetric
-from async_tracker.runtime.process import run_blocking
 from async_tracker.settings import CRASHED_AFTER_BEATS
 from async_tracker.store.summary import RunSummary, WriterSummary, merge, summarize_columns
 
@@ -67,8 +66,9 @@ async def run_summaries(
     reader: FsspecReader, now: float | None = None, *, cache: SummaryFileCache | None = None
 ) -> list[RunSummary]:
     """Every run's summary (in no particular order), from the writers' summary files:
-    one listing of the store's root, then a read of each summary file (on local disk
-    all of it in one worker-thread call).
+    one listing of the store's run index, a read of its checkpoint and of each summary file
+    written since (see ``index.py``; on local disk in one worker-thread call each). A
+    listing may then compact the index (:func:`index.compact`).
 
     The status comes from the summaries' endings, by :meth:`FsspecReader.run_status`'s
     rules. A run no summary says ended is ``running`` while a writer's heartbeat in its
@@ -82,19 +82,18 @@ async def run_summaries(
     ``cache``: a reader that lists the store again and again (the dashboard) passes the
     same :class:`SummaryFileCache` each time; a summary file unchanged since (on local
     disk its inode, size and mtime; on an object store its size and ETag) is then not
-    read again."""
+    read again, nor the checkpoint decoded again."""
     now = time.time() if now is None else now
-    skipped = _Skipped()
-    if cache is not None:
-        cache.start_pass()
-    if reader.storage.stages:
-        found, bad = await run_blocking(
-            _scan_local, reader.root_dir, cache, endpoint=reader.storage.endpoint
-        )
-        for path, why in bad:
-            skipped.add(path, why)
-    else:
-        found = await _scan(reader, skipped, cache)
+    for _ in range(3):
+        skipped = _Skipped()
+        if cache is not None:
+            cache.start_pass()
+        state = await index.read(reader, now, skipped, cache, _add_summary)
+        # A file gone between the listing and its read: removed by a compaction meanwhile,
+        # which put it in a newer checkpoint. List again.
+        if not state.vanished:
+            break
+    found = state.found
     # Runs without any summary, or that a writer found with records and no summary.
     missing = [
         f for f in found
@@ -137,21 +136,8 @@ async def run_summaries(
         status, when = ending if ending is not None else statuses[f.run_id]
         beat = when if status == "crashed" else None
         out.append(merge(f.run_id, f.merged().values(), status, beat, when))
-    return out
-
-
-async def _scan(
-    reader: FsspecReader, skipped: _Skipped, cache: SummaryFileCache | None
-) -> list[_Found]:
-    runs, summaries = await reader.root(skipped)
-    found = {run_id: _Found(run_id) for _, run_id in runs}
-    paths = [posixpath.join(reader.root_dir, name) for name, _ in summaries]
-    contents = await reader.get_all(paths, [v for _, v in summaries], cache)
-    for path, data in zip(paths, contents):
-        why = _add_summary(found, posixpath.basename(path), data)
-        if why:
-            skipped.add(path, why)
-    return list(found.values())
+    await index.compact(reader, state, runs, out, now, cache)
+    return out + state.ready
 
 
 async def _rebuild(
@@ -231,19 +217,6 @@ async def _rebuild(
     return writers
 
 
-class _Found:
-    """One run directory and its summaries, as a read of the root found them."""
-
-    def __init__(self, run_id: str) -> None:
-        self.run_id = run_id
-        self.writers: dict[str, WriterSummary] = {}
-        self.rebuilt: dict[str, WriterSummary] | None = None
-
-    def merged(self) -> dict[str, WriterSummary]:
-        """The writers' summaries: each writer's own, else the rebuilt one of its token."""
-        return {**(self.rebuilt or {}), **self.writers}
-
-
 def _add_summary(found: Mapping[str, _Found], name: str, data: bytes | None) -> str:
     """Adds the summary file ``name`` (its content ``data``) to its run in ``found``; what is
     wrong with it ("" if nothing). A file removed meanwhile (None), or the summary of a run
@@ -267,40 +240,3 @@ def _add_summary(found: Mapping[str, _Found], name: str, data: bytes | None) -> 
     except (*_UNPARSEABLE, orjson.JSONDecodeError) as exc:
         return f"{type(exc).__name__}: {exc}"
     return ""
-
-
-def _scan_local(
-    root: str, cache: SummaryFileCache | None = None
-) -> tuple[list[_Found], list[tuple[str, str]]]:
-    """:func:`_scan` on local disk, in one blocking call (a worker thread's): os calls
-    straight, no fsspec layer nor thread hop per file; 10,000 runs read in a fraction of a
-    second. Also what it skipped: ``(path, why)``. With ``cache``, files
-    unchanged since its last scan are taken from it."""
-    bad: list[tuple[str, str]] = []
-    try:
-        entries = list(os.scandir(root))
-    except FileNotFoundError:
-        return [], []
-    except NotADirectoryError:
-        return [], [(root, "a file where the store's directory should be")]
-    runs: list[tuple[str, str]] = []
-    names: list[str] = []
-    for entry in entries:
-        why = _root_entry(entry.name, entry.is_dir(), runs, names)
-        if why:
-            bad.append((entry.path, why))
-    found = {run_id: _Found(run_id) for _, run_id in runs}
-    for name in names:
-        path = os.path.join(root, name)
-        try:
-            if cache is None:
-                with open(path, "rb") as file:
-                    data: bytes | None = file.read()
-            else:
-                data = cache.read(path, os.stat(path))
-        except FileNotFoundError:
-            data = None  # removed meanwhile
-        why = _add_summary(found, name, data)
-        if why:
-            bad.append((path, why))
-    return list(found.values()), bad

@@ -24,7 +24,7 @@ rewritten, so concurrent writers never lose one. ``sources/<base32(src)>`` is al
 torchx's reader (read, merged, rewritten); our readers take the union of all three.
 
 After each ``write_batch`` (a flush boundary) the writer rewrites its summary of the run
-at the store's root (see ``summaries.py``), and at each heartbeat.
+in the store's run index (see ``summaries.py`` and ``index.py``), and at each heartbeat.
 """
 
 from __future__ import annotations
@@ -43,6 +43,7 @@ from collections.abc import Mapping, Sequence
 import anyio
 import orjson
 
+from async_tracker.backend.fsspec import index
 from async_tracker.backend.fsspec.layout import (
     _DIGEST,
     _KEY_FILE,
@@ -63,6 +64,7 @@ from async_tracker.backend.fsspec.layout import (
     _names,
     decode_run_id,
     encode_run_id,
+    legacy_summary_path,
     run_path,
     summary_path,
 )
@@ -93,6 +95,7 @@ from async_tracker.backend.fsspec.storage import (
     _mapped,
     _Storage,
 )
+from async_tracker.backend.fsspec.summaries import _add_summary
 from async_tracker.base import END_PART, CloseReason
 from async_tracker.errors import BackendError, RecordError
 from async_tracker.records import Batch, MetricRow, TrackerMetric
@@ -148,7 +151,13 @@ class FsspecWriter:
         one atomic step (see :meth:`_Storage.create`): True if this call created it, False
         if the run was claimed already (by any process, on any host)."""
         path = self._path(run_id, CLAIM_FILE)
-        return await self._storage.create(path, _encode_json(dict(claim), path))
+        if not await self._storage.create(path, _encode_json(dict(claim), path)):
+            return False
+        # Listed from now on, before its first summary. Best effort: a run the index does
+        # not name yet is listed at its first summary (or found at a listing of the root).
+        with contextlib.suppress(BackendError):
+            await index.add_claim(self._storage, self.root_dir, run_id)
+        return True
 
     async def delete_run(self, run_id: str) -> bool:
         """Removes the run's directory and everything in it (records, summaries, status,
@@ -169,11 +178,9 @@ class FsspecWriter:
                 edges.append(back)
         await self._storage.rm_many(edges)
         await self._storage.rm_tree(self._run_dir(run_id))
-        # The summaries after the directory: a reader in between sees summaries without a run
-        # (skipped), never a run without its summaries (which it would rebuild and keep).
-        await self._storage.rm_many(
-            await self._storage.glob(summary_path(self.root_dir, run_id, "*"))
-        )
+        # The summaries after the directory, with a tombstone in the run index: a reader
+        # never sees a run without its summaries (which it would rebuild and keep).
+        await index.remove_run(self._storage, self.root_dir, run_id)
         # This process's summaries of the run would otherwise carry on from the deleted one.
         for key in [k for k in self._tallies if k[0] == run_id]:
             del self._tallies[key]
@@ -342,7 +349,7 @@ class FsspecWriter:
         tally = self._tallies.get((run_id, writer))
         if tally is None:
             path = summary_path(self.root_dir, run_id, writer)
-            tally = self._tallies[(run_id, writer)] = _Tally(path)
+            tally = self._tallies[(run_id, writer)] = _Tally(path, writer)
         return tally
 
     async def _update_summary(
@@ -402,13 +409,26 @@ class FsspecWriter:
             if tally.loaded:
                 return  # loaded by a call that held the lock meanwhile
             stored = await self._stored_summary(tally.path)
-            if stored is not None:
-                tally.summary = stored
-            else:
+            if stored is None:
                 entries = await self._storage.ls_or_none(self._run_dir(run_id)) or []
                 if not _RECORD_PARTS.isdisjoint(name for name, _ in entries):
-                    tally.summary = dataclasses.replace(tally.summary, prior=True)
+                    stored = await self._kept_summary(run_id, tally.token)
+                    if stored is None:
+                        stored = dataclasses.replace(tally.summary, prior=True)
+            if stored is not None:
+                tally.summary = stored
             tally.loaded = True
+
+    async def _kept_summary(self, run_id: str, token: str) -> WriterSummary | None:
+        """The writer's summary kept elsewhere than its file, which is missing: the previous
+        version's file at the store's root, or the run index's checkpoint, once a compaction
+        removed the file of a writer that had ended (which writes again: a replay)."""
+        stored = await self._stored_summary(legacy_summary_path(self.root_dir, run_id, token))
+        if stored is None:
+            stored = await index.stored_summary(
+                self._storage, self.root_dir, run_id, token, _add_summary
+            )
+        return stored
 
     async def _stored_summary(self, path: str) -> WriterSummary | None:
         data = await self._storage.get(path)
@@ -720,8 +740,9 @@ class _Tally:
     """One writer's summary of one run, as this process keeps it (see
     :meth:`FsspecWriter._update_summary`)."""
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, token: str) -> None:
         self.path = path
+        self.token = token
         self.summary = WriterSummary()
         self.loaded = False
         self.lock = anyio.Lock()
