@@ -66,8 +66,8 @@ def test_s3_batches_are_a_handful_of_objects(s3_config: str) -> None:
     objects = [p for p in fs.find(root)]
     # One metadata file and one metrics segment: never one object per record (and, once the
     # run ended, the file saying how, its heartbeat, its claim, made by its first heartbeat,
-    # and the writer's summary).
-    assert len(objects) == 6, objects
+    # with its entry in the run index, and the writer's summary).
+    assert len(objects) == 7, objects
     assert sum(p.endswith("/claim.json") for p in objects) == 1, objects
     assert sum("/.index-summary-" in p for p in objects) == 1, objects
     assert sum("/heartbeat/" in p for p in objects) == 1

@@ -126,18 +126,19 @@ def test_heartbeats_of_runs_not_ended_are_read_again_only_when_rewritten(tmp_pat
     runtime().loop.call(functools.partial(store.add_metadata, "r/1", lr=0.1))  # a run
     cache = SummaryFileCache()
     (first,) = read(store, cache)
-    # The writer's summary holds its heartbeat: running from that one file.
-    assert first.status == "running" and cache.reads == 1
-    assert read(store, cache) == [first] and cache.reads == 1
+    # The writer's summary holds its heartbeat: running from that one file (and the run's
+    # claim in the index, which its first heartbeat made).
+    assert first.status == "running" and cache.reads == 2
+    assert read(store, cache) == [first] and cache.reads == 2
     runtime().loop.call(functools.partial(store.heartbeat, "r/1", 30.0))
     read(store, cache)
-    assert cache.reads == 2  # the summary rewritten with the beat, alone
+    assert cache.reads == 3  # the summary rewritten with the beat, alone
     # Once the heartbeats are old, the run's heartbeat files are read: crashed.
     (late,) = runtime().loop.call(
         functools.partial(store.run_summaries, time.time() + 1000, cache=cache)
     )
-    assert late.status == "crashed" and cache.reads == 3
+    assert late.status == "crashed" and cache.reads == 4
     (again,) = runtime().loop.call(
         functools.partial(store.run_summaries, time.time() + 1000, cache=cache)
     )
-    assert again.status == "crashed" and cache.reads == 3  # the kept heartbeat
+    assert again.status == "crashed" and cache.reads == 4  # the kept heartbeat

@@ -94,15 +94,16 @@ def test_a_live_run_costs_its_summary_alone_and_a_crashed_one_its_status(store: 
         assert live.flush().ok
         runs, calls = listed(store)
         assert runs["proj/live"].status == "running"
-        # The index's listing, its checkpoint, the live run's summary.
-        assert calls == {"list_objects_v2": 1, "get_object": 2}, calls
+        # The index's listing, its checkpoint, the live run's summary and its claim (made
+        # by its first heartbeat).
+        assert calls == {"list_objects_v2": 1, "get_object": 3}, calls
         # The same store read ten hours later: the live run's beat is old.
         with counting() as later:
             crashed = runtime().loop.call(backend.run_summaries, time.time() + 36_000)
         assert {r.run_id: r.status for r in crashed}["proj/live"] == "crashed"
         # The same, then its status/ (none: s3fs lists the run's folder too to tell) and
         # heartbeat/ listings and its one heartbeat.
-        assert later == {"list_objects_v2": 4, "get_object": 3}, later
+        assert later == {"list_objects_v2": 4, "get_object": 4}, later
     runs, _ = listed(store)
     assert runs["proj/live"].status == "finished"
 
