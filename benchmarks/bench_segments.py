@@ -39,9 +39,9 @@ import numpy as np
 import pyarrow as pa
 
 from async_tracker.backend.fsspec import _columns_by_name, _encode_column, parse_segment_columns
+from async_tracker.backend.fsspec.columns import parse_segment
 from async_tracker.backend.fsspec.parquet import decode_segment, encode_segment
 from async_tracker.records import MetricRow
-from async_tracker.ui.segments import parse_segment
 
 NAMES = ("loss", "acc", "lr", "grad_norm")
 T0 = 1.79e9
