@@ -84,11 +84,12 @@ class Curve:
         if self._chunks:
             chunks, self._chunks = self._chunks, []
             in_order = len(self.steps) == 0 or chunks[0].steps.min() >= self.steps[-1]
-            self.steps = np.concatenate([self.steps, *(c.steps for c in chunks)]).astype(
-                np.float64, copy=False
-            )
-            self.values = np.concatenate([self.values, *(c.values for c in chunks)])
-            self.times = np.concatenate([self.times, *(c.times for c in chunks)])
+            # Joined without a copy where there is nothing to join (a run's first read is
+            # one chunk per metric): a ten-million-point curve held once, not twice.
+            self.steps = _joined([self.steps, *(c.steps.astype(np.float64) for c in chunks)])
+            self.values = _joined([self.values, *(c.values for c in chunks)])
+            self.times = _joined([self.times, *(c.times for c in chunks)])
+            del chunks
             # (Not np.diff: it makes a float array as long as the curve.)
             in_order = in_order and bool(np.all(self.steps[1:] >= self.steps[:-1]))
             if not in_order:  # a late writer (another rank): sort again, by step then time
@@ -108,6 +109,14 @@ class Curve:
 
     def __len__(self) -> int:
         return len(self.steps) + sum(len(c) for c in self._chunks)
+
+
+def _joined(parts: list[FloatArray]) -> FloatArray:
+    """``parts`` as one array; the one part that is not empty as it is."""
+    full = [p for p in parts if len(p)]
+    if len(full) == 1:
+        return full[0]
+    return np.concatenate(parts) if parts else np.empty(0)
 
 
 @dataclass
