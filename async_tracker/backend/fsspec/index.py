@@ -55,9 +55,10 @@ checkpoint ``n + 1`` (``n``: the newest listed) by an atomic create-if-absent (a
 locally, a conditional PUT on S3 and GCS): of concurrent compactors exactly one wins; the
 others stop there. (A filesystem without such a write gets a lookup then a write, as claims
 do: two compactors within one round trip may then both win, and a summary one of them
-removed may miss from the other's checkpoint until its writer writes again.) The winner lists the index again and removes the files that its checkpoint folded, at
-the version they still have, and marked removable, and the checkpoints older than the one
-before its own. A live writer's summary is never removed: only a writer's that ended (its
+removed may miss from the other's checkpoint until its writer writes again.) The winner
+lists the index again and removes the files that its checkpoint folded, at the version they
+still have, and marked removable, and the checkpoints older than the one before its own.
+A live writer's summary is never removed: only a writer's that ended (its
 status is final), which nobody rewrites but a replay of its batches (``async-tracker sync``).
 The window between that second listing and the removal is the one race left: a replay that
 rewrites an ended writer's summary within it loses that write from the list (its records
