@@ -25,10 +25,14 @@ checkpoint never rewrites what it folds, and a writer's newer summary replaces i
 never adds to it), the run as the list shows it when its status is final (ended, or crashed:
 then with the time that was judged at), and the version (size and ETag on object stores;
 size, mtime and inode on local disk) of each file it folded, each marked when compaction may
-remove it. Also when it last listed the store's root. One JSON object; gzip'd on object
-stores (fewer bytes on the wire), plain on local disk (reading it from the page cache is
-faster than inflating it). What orjson cannot write exactly (NaN, huge ints, lone
-surrogates, deep nesting: what a run's params may hold) is kept as ``json`` text in a string.
+remove it. Also when it last listed the store's root. One file (see :class:`Checkpoint`): a
+JSON line (its number, times, the files it folded), a JSON line of one flat row per run,
+then the texts the rows point into (each run's params and metrics; each writer's summary).
+A listing parses the rows alone: a run's params and metrics when they are looked at (a list
+of 100,000 runs shows 50), its writers' summaries when it must summarise the run again.
+gzip'd on object stores (fewer bytes on the wire), plain on local disk (reading it from the
+page cache is faster than inflating it). Params that orjson cannot write exactly (NaN,
+infinities, huge ints: what a run may hold) are written by ``json``.
 
 **A listing** (:func:`read`): one listing of the index files, a read of the newest checkpoint,
 then a read of each file it did not fold, or folded at another version. A tombstone voids the
@@ -48,10 +52,13 @@ fold that compaction may remove (summaries of writers that ended, rebuilt summar
 tombstones and what they void) number :data:`COMPACT_AFTER_FILES`, when the files it did not
 fold number :data:`COMPACT_AFTER_CHANGES`, or when the root is due a listing. It writes the
 checkpoint ``n + 1`` (``n``: the newest listed) by an atomic create-if-absent (a hard link
-locally, a conditional PUT on S3): of concurrent compactors exactly one wins; the others stop
-there. The winner lists the index again and removes the files that its checkpoint folded, at
-the version they still have, and marked removable, and the checkpoints older than the one
-before its own. A live writer's summary is never removed: only a writer's that ended (its
+locally, a conditional PUT on S3 and GCS): of concurrent compactors exactly one wins; the
+others stop there. (A filesystem without such a write gets a lookup then a write, as claims
+do: two compactors within one round trip may then both win, and a summary one of them
+removed may miss from the other's checkpoint until its writer writes again.) The winner
+lists the index again and removes the files that its checkpoint folded, at the version they
+still have, and marked removable, and the checkpoints older than the one before its own.
+A live writer's summary is never removed: only a writer's that ended (its
 status is final), which nobody rewrites but a replay of its batches (``async-tracker sync``).
 The window between that second listing and the removal is the one race left: a replay that
 rewrites an ended writer's summary within it loses that write from the list (its records
