@@ -102,10 +102,20 @@ class Curve:
     def by_time(self) -> tuple[FloatArray, FloatArray]:
         """``(times, values)`` sorted by time, without points whose time is not a number."""
         _, values = self.by_step()
-        if self._by_time is None:
-            order = np.argsort(self.times, kind="stable")
-            self._by_time = order[~np.isnan(self.times[order])]
-        return self.times[self._by_time], values[self._by_time]
+        times = self.times
+        # (A NaN fails every comparison: a curve holding one is never taken as in order.)
+        in_order = bool(np.all(times[1:] >= times[:-1])) and not (
+            len(times) == 1 and np.isnan(times[0])
+        )
+        if not in_order:
+            # Out of time order (or a time that is not a number): sorted once, and the order
+            # kept. Most curves come in time order already (one writer, logged in step
+            # order): no index, no copy, for them.
+            if self._by_time is None:
+                order = np.argsort(times, kind="stable")
+                self._by_time = order[~np.isnan(times[order])]
+            return times[self._by_time], values[self._by_time]
+        return times, values
 
     def __len__(self) -> int:
         return len(self.steps) + sum(len(c) for c in self._chunks)

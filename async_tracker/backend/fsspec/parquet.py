@@ -64,6 +64,13 @@ import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+
+def release_memory() -> None:
+    """Hands back to the system what Arrow's memory pool keeps after a read (the pages
+    decompressed on the way): a long-lived reader (the dashboard) would otherwise hold about
+    as much again as the columns it keeps."""
+    pa.default_memory_pool().release_unused()
+
 __all__ = [
     "COMPACT_ROW_GROUP_ROWS",
     "FORMAT_KEY",
@@ -76,6 +83,7 @@ __all__ = [
     "compact",
     "decode_segment",
     "encode_segment",
+    "release_memory",
 ]
 
 IntArray = npt.NDArray[np.int64]

@@ -1,6 +1,6 @@
 """The fsspec store's native reader (:class:`~async_tracker.store.reader.RunReader`): the
-run list from the writers' summaries (one listing of the store's root, summary files cached
-by version between listings), a run's scalars from the metric files not read yet (files are
+run list from the run index (``index.py``: its checkpoint and the summaries written since,
+cached by version between listings), a run's scalars from the metric files not read yet (files are
 immutable once written, so a cursor is the set of files read, and what the compacted ones
 among them cover: see ``metricfiles.py``)."""
 
@@ -14,7 +14,7 @@ from async_tracker.backend.fsspec import summaries
 from async_tracker.backend.fsspec.cache import SummaryFileCache
 from async_tracker.backend.fsspec.columns import parse_segment, times_array
 from async_tracker.backend.fsspec.metricfiles import MetricsCursor
-from async_tracker.backend.fsspec.parquet import Columns
+from async_tracker.backend.fsspec.parquet import Columns, release_memory
 from async_tracker.backend.fsspec.reader import FsspecReader
 from async_tracker.records import Lineage, TrackerArtifact, TrackerMetric
 from async_tracker.store.reader import RunReader, Scalars, ScalarsRead
@@ -78,7 +78,9 @@ class FsspecRunReader(RunReader):
                 if names is None or name in names:
                     parts.setdefault(name, []).append(part)
         joined = {name: _joined(group) for name, group in parts.items()}
+        release_memory()
         return ScalarsRead({n: c for n, c in joined.items() if len(c)}, read.cursor, read.reset)
+
     async def status(self, run_id: str) -> tuple[str, float | None]:
         return await self.store.run_status(run_id)
 
