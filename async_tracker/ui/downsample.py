@@ -25,6 +25,8 @@ DEFAULT_WIDTH = 1200
 
 FloatArray = npt.NDArray[np.float64]
 IndexArray = npt.NDArray[np.intp]
+# x of a chart: steps (int64) or times (float64), sorted.
+XArray = npt.NDArray[np.int64] | npt.NDArray[np.float64]
 
 
 def max_points(width: int) -> int:
@@ -36,7 +38,7 @@ def clamp_width(width: int) -> int:
     return max(1, min(MAX_WIDTH, int(width)))
 
 
-def min_max(x: FloatArray, y: FloatArray, width: int) -> IndexArray:
+def min_max(x: XArray, y: FloatArray, width: int) -> IndexArray:
     """The indices of the points to draw of the curve ``(x, y)`` (``x`` sorted ascending),
     ascending: per bucket of the x range (``width`` buckets) the lowest and the highest
     ``y``, and the first and last point. All indices when the curve is small enough."""
@@ -64,7 +66,7 @@ def min_max(x: FloatArray, y: FloatArray, width: int) -> IndexArray:
     return np.unique(np.array(keep, dtype=np.intp))
 
 
-def window(x: FloatArray, xmin: float | None, xmax: float | None) -> slice:
+def window(x: XArray, xmin: float | None, xmax: float | None) -> slice:
     """The slice of the sorted ``x`` inside ``[xmin, xmax]``, with one point more on each
     side where there is one, so that the line runs to the edges of a zoomed chart."""
     start = 0 if xmin is None else max(0, int(np.searchsorted(x, xmin, "left")) - 1)

@@ -53,6 +53,9 @@ MAX_CACHED_POINTS = 50_000_000
 PRELOAD_POINTS = 20_000_000
 
 FloatArray = npt.NDArray[np.float64]
+IntArray = npt.NDArray[np.int64]
+# x of a chart: steps (int64) or times (float64).
+XArray = npt.NDArray[np.int64] | npt.NDArray[np.float64]
 
 
 class UnknownRunError(KeyError):
@@ -64,12 +67,12 @@ class UnknownRunError(KeyError):
 
 @dataclass
 class Curve:
-    """Every point of one metric of one run read so far: steps, values and times as numpy
-    float64 arrays in step order (then time). New chunks are appended and joined when
+    """Every point of one metric of one run read so far: steps (int64), values and times
+    (float64) as numpy arrays in step order (then time), as the reader gave them. New chunks are appended and joined when
     next read. Its run's lock guards it; the arrays it returns are never changed afterwards
     (a join makes new ones), so they are read without a lock."""
 
-    steps: FloatArray = field(default_factory=lambda: np.empty(0))
+    steps: IntArray = field(default_factory=lambda: np.empty(0, np.int64))
     values: FloatArray = field(default_factory=lambda: np.empty(0))
     times: FloatArray = field(default_factory=lambda: np.empty(0))
     _chunks: list[Scalars] = field(default_factory=list)
@@ -79,14 +82,14 @@ class Curve:
         if len(chunk):
             self._chunks.append(chunk)
 
-    def by_step(self) -> tuple[FloatArray, FloatArray]:
+    def by_step(self) -> tuple[IntArray, FloatArray]:
         """``(steps, values)``, sorted by step, then time."""
         if self._chunks:
             chunks, self._chunks = self._chunks, []
             in_order = len(self.steps) == 0 or chunks[0].steps.min() >= self.steps[-1]
             # Joined without a copy where there is nothing to join (a run's first read is
             # one chunk per metric): a ten-million-point curve held once, not twice.
-            self.steps = _joined([self.steps, *(c.steps.astype(np.float64) for c in chunks)])
+            self.steps = _joined([self.steps, *(c.steps for c in chunks)])
             self.values = _joined([self.values, *(c.values for c in chunks)])
             self.times = _joined([self.times, *(c.times for c in chunks)])
             del chunks
@@ -121,12 +124,13 @@ class Curve:
         return len(self.steps) + sum(len(c) for c in self._chunks)
 
 
-def _joined(parts: list[FloatArray]) -> FloatArray:
-    """``parts`` as one array; the one part that is not empty as it is."""
+def _joined(parts: list[Any]) -> Any:
+    """``parts`` (arrays of one type) as one array; the one part that is not empty as it
+    is."""
     full = [p for p in parts if len(p)]
     if len(full) == 1:
         return full[0]
-    return np.concatenate(parts) if parts else np.empty(0)
+    return np.concatenate(full) if full else parts[0]
 
 
 @dataclass
@@ -299,7 +303,7 @@ class LiveStore:
     # -- metric points --------------------------------------------------------------------------
     def series(
         self, run_id: str, names: Iterable[str] | None = None, axis: str = "step"
-    ) -> dict[str, tuple[FloatArray, FloatArray, int]]:
+    ) -> dict[str, tuple[XArray, FloatArray, int]]:
         """The run's curves (those of ``names``, all without it) read up to what its summary
         counts (only what is new since the last call): per metric ``(x, y, count)``, x the
         step or the time (``axis``), sorted. The arrays are never changed afterwards."""
