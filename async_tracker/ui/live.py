@@ -68,9 +68,9 @@ class UnknownRunError(KeyError):
 @dataclass
 class Curve:
     """Every point of one metric of one run read so far: steps (int64), values and times
-    (float64) as numpy arrays in step order (then time), as the reader gave them. New chunks are appended and joined when
-    next read. Its run's lock guards it; the arrays it returns are never changed afterwards
-    (a join makes new ones), so they are read without a lock."""
+    (float64) as numpy arrays in step order (then time), as the reader gave them. New chunks
+    are appended and joined when next read. Its run's lock guards it; the arrays it returns
+    are never changed afterwards (a join makes new ones), so they are read without a lock."""
 
     steps: IntArray = field(default_factory=lambda: np.empty(0, np.int64))
     values: FloatArray = field(default_factory=lambda: np.empty(0))
