@@ -11,7 +11,8 @@ filesystem, and the one boundary where errors are mapped), ``segments`` (the met
 codec), ``parsing`` (the record files read back, and what a read skipped), ``cache`` (what a
 reader of the run list keeps between listings), ``reader`` (the read half: one run's
 records, status and heartbeats), ``index`` (the run index: the writers' summaries and their
-compacted checkpoint), ``summaries`` (the run list, from the index), ``writer`` (the write
+compacted checkpoint; with ``indexcheckpoint``, the checkpoint's format, and ``indexfiles``,
+the index's file I/O), ``summaries`` (the run list, from the index), ``writer`` (the write
 half: batches, summaries, heartbeats, a run's claim and end), ``config`` (torchx's config
 file), and this module, which puts them together. Metric data is Apache Parquet:
 ``parquet`` (the schema and codec) and ``metricfiles`` (the metric files of a run: names,
