@@ -17,7 +17,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import PurePath
-from typing import Literal, NamedTuple, TypeAlias
+from typing import Any, Literal, NamedTuple, TypeAlias
 
 from async_tracker.tags import RESERVED_KEY_PREFIX, is_reserved_key
 from async_tracker.tensors import DeferredValue, scalar_of
@@ -433,8 +433,14 @@ def _json_form(value: object, key: str) -> object:
                     f"metadata {key!r}: field {f.name!r} of {type(value).__name__} is not set"
                 ) from None
         return fields
-    numpy = sys.modules.get("numpy")
-    if numpy is not None:
+    numpy: Any = sys.modules.get("numpy")
+    try:
+        kinds: tuple[Any, ...] = () if numpy is None else (numpy.generic, numpy.ndarray)
+    except AttributeError:
+        # numpy half imported by another thread (the fsspec store imports it at its first
+        # metric write, on the tracker's thread): no value is one of its types yet.
+        kinds = ()
+    if isinstance(value, kinds):
         if isinstance(value, numpy.generic):
             item = value.item()
             if isinstance(item, numpy.generic):

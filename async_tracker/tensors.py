@@ -15,7 +15,8 @@ device to wait for). A tensor on another accelerator (MPS, XPU, XLA) is read wit
 has the copy-and-event path.
 
 Neither torch nor numpy is imported here: a value can only be a tensor if torch is already
-imported by the caller, so ``sys.modules`` answers without importing anything.
+imported by the caller, so ``sys.modules`` answers without importing anything (numpy may be
+there half imported, by another thread: then no value is one of its types yet).
 """
 
 from __future__ import annotations
@@ -124,8 +125,14 @@ def scalar_of(name: str, value: object) -> object:
             return defer(value)
         # float() of a tensor that requires grad warns (a value is all we want here).
         return value.detach() if value.requires_grad else value
-    numpy = sys.modules.get("numpy")
-    if numpy is not None and isinstance(value, (numpy.ndarray, numpy.generic)):
+    numpy: Any = sys.modules.get("numpy")
+    try:
+        kinds: tuple[Any, ...] = () if numpy is None else (numpy.ndarray, numpy.generic)
+    except AttributeError:
+        # numpy half imported by another thread (the fsspec store imports it at its first
+        # metric write, on the tracker's thread): no value is one of its types yet.
+        kinds = ()
+    if isinstance(value, kinds):
         # float() of a complex one keeps the real part and warns: refuse it, as a complex
         # tensor is refused.
         if value.dtype.kind == "c":

@@ -15,8 +15,9 @@
 Fork, one mechanism. :func:`runtime` checks the pid: a forked child gets a new ``Runtime``,
 so every per-process object (threads, loop, locks) is new there, and nothing the parent's
 other threads held at the fork (a lock) is ever used. What cannot wait for a pid check is
-done by the single ``os.register_at_fork`` registration below, in this order: SIGTERM is
-blocked across the fork; in the child the parent's spool locks are forgotten, the child's
+done by the single ``os.register_at_fork`` registration below, in this order: a lazy import
+under way on another thread is let finish (see :data:`lazy_imports`); SIGTERM is blocked
+across the fork; in the child the parent's spool locks are forgotten, the child's
 runtime takes over the runs and each forgets the parent's records (before any write of the
 child), and only then is SIGTERM unblocked (a signal sent meanwhile runs the handler then, on
 the child's runs). ``multiprocessing``'s own after-fork hook registers the child's exit close.
@@ -338,11 +339,20 @@ def _close_all_at_exit() -> None:
 
 # -- the one fork registration ---------------------------------------------------------------
 
+# Held by a thread while it imports a module lazily (the fsspec store's Parquet modules, numpy
+# and pyarrow, at the first write or read of metrics, on the tracker's threads); a fork waits
+# for it. A child forked in the middle would inherit the module half made, its import lock
+# held by a thread the child does not have: the child's own import of it would never return.
+lazy_imports = threading.RLock()
+# The most a fork waits for such an import (then it forks, as it would without the lock).
+_FORK_IMPORT_WAIT_S = 30.0
+
 # Per thread: the hooks run in the forking thread, and two threads may fork at once.
 _forking = threading.local()
 
 
 def _before_fork() -> None:
+    _forking.importing = lazy_imports.acquire(timeout=_FORK_IMPORT_WAIT_S)
     parent = _runtimes.get(os.getpid())
     _forking.parent = parent
     # A SIGTERM that reached the child before CPython reset its signal state would be
@@ -354,6 +364,7 @@ def _before_fork() -> None:
 def _after_fork_in_parent() -> None:
     mask: Mask | None = getattr(_forking, "mask", None)
     _forking.mask = _forking.parent = None
+    _let_imports_go()
     restore(mask)
 
 
@@ -364,10 +375,17 @@ def _after_fork_in_child() -> None:
     # The inherited lock files share the parent's locks (flock belongs to the open file):
     # closed at once, or the parent's release would not free them while this child lives.
     locks.forget_after_fork()
+    _let_imports_go()  # held by this thread, the one thread the child has
     if parent is not None:
         _runtimes.pop(parent.pid, None)  # the parent's threads and locks: not ours
         runtime().take_over(parent)
     restore(mask)
+
+
+def _let_imports_go() -> None:
+    if getattr(_forking, "importing", False):
+        _forking.importing = False
+        lazy_imports.release()
 
 
 class _Token:

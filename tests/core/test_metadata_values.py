@@ -232,3 +232,25 @@ def test_metric_names_steps_and_values_that_fight_back_get_a_clear_error(
     run.log_metric("loss", np.longdouble(0.25), 0)
     assert run.flush().ok
     assert [(p.step, p.value) for p in mem.points("r", "loss")] == [(0, 0.25)]
+
+
+def test_values_are_read_while_another_thread_imports_numpy(
+    make_run: MakeRun, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """numpy half imported, in sys.modules without its types yet: as the caller sees it while
+    the fsspec store imports it on the tracker's thread, at its first metric write. The
+    caller's values are read as ever (none can be numpy's yet)."""
+    import sys
+    import types
+
+    mem = InMemoryTracker()
+    run = make_run("r", [mem])
+    monkeypatch.setitem(sys.modules, "numpy", types.ModuleType("numpy"))
+    run.log_metric("loss", 0.5, 1)
+    run.add_metadata(lr=0.01, path=PurePosixPath("/data"))
+    with pytest.raises(TypeError, match="set is not JSON data"):
+        run.add_metadata(tags={"a"})
+    monkeypatch.undo()
+    assert run.flush().ok
+    assert [(p.step, p.value) for p in mem.points("r", "loss")] == [(1, 0.5)]
+    assert mem.runs["r"].metadata == {"lr": 0.01, "path": "/data"}

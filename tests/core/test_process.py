@@ -7,12 +7,14 @@ writer's pid), so what they delivered is on disk even when they die. The tests w
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import select
 import signal
 import sys
 import threading
+import types
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -210,6 +212,70 @@ def test_forked_child_of_a_closed_run_cannot_write(make_run: MakeRun) -> None:
 
     assert run_in_fork(child)[1] == {"raised": True}
 
+
+
+def test_a_fork_waits_for_a_lazy_import_under_way_on_another_thread(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The fsspec store imports numpy and pyarrow on the tracker's thread at its first metric
+    # write. Forked in the middle, the child would get the module half made, with its import
+    # lock held by a thread it does not have: its own import of it would never return.
+    from async_tracker.runtime import process
+
+    asked = threading.Event()
+
+    class Watched:
+        """The runtime's lock, telling when the fork asks for it."""
+
+        def __init__(self) -> None:
+            self.lock = threading.RLock()
+
+        def __enter__(self) -> None:
+            self.lock.acquire()
+
+        def __exit__(self, *exc: object) -> None:
+            self.lock.release()
+
+        def acquire(self, timeout: float = -1) -> bool:
+            asked.set()
+            return self.lock.acquire(timeout=timeout)
+
+        def release(self) -> None:
+            self.lock.release()
+
+    watched = Watched()
+    monkeypatch.setattr(process, "lazy_imports", watched)
+    gate = types.SimpleNamespace(entered=threading.Event(), go=threading.Event())
+    monkeypatch.setitem(sys.modules, "lazy_import_gate", gate)
+    (tmp_path / "half_made.py").write_text(
+        "import lazy_import_gate as gate\n"
+        "gate.entered.set()\n"
+        "assert gate.go.wait(30)\n"
+        "WHOLE = True\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+
+    def load() -> None:
+        with watched:
+            importlib.import_module("half_made")
+
+    loader = threading.Thread(target=load)
+    loader.start()
+    # Let the import finish once the fork waits for it (without the wait, this times out).
+    opener = threading.Thread(target=lambda: (asked.wait(30), gate.go.set()))
+    opener.start()
+    try:
+        assert gate.entered.wait(10)
+
+        def child() -> dict[str, Any]:
+            return {"whole": importlib.import_module("half_made").WHOLE}
+
+        assert run_in_fork(child)[1] == {"whole": True}
+    finally:
+        gate.go.set()
+        loader.join()
+        opener.join()
+        sys.modules.pop("half_made", None)
 
 MULTIPROCESSING_SCRIPT = """
 import multiprocessing, os, sys

@@ -141,14 +141,15 @@ def test_tensors_without_one_real_value_are_refused_naming_the_metric(
 
 
 def test_importing_async_tracker_imports_neither_torch_nor_numpy() -> None:
-    # Writes of every kind too: the type checks look in sys.modules, never import.
+    # Writes of every kind too: the type checks look in sys.modules, never import. Nor is
+    # pyarrow loaded (the fsspec store's Parquet codec imports it at its first metric write).
     script = (
         "import sys, async_tracker\n"
         "from async_tracker.backend.memory import InMemoryTracker\n"
         "run = async_tracker.AppRun('r', [InMemoryTracker()])\n"
         "run.log_metric('m', 1.0); run.log_metric('m', 2); run.add_metadata(a={'b': [1]})\n"
         "assert run.close(10).ok\n"
-        "print(sorted(m for m in ('torch', 'numpy') if m in sys.modules))\n"
+        "print(sorted(m for m in ('torch', 'numpy', 'pyarrow') if m in sys.modules))\n"
     )
     out = subprocess.run(
         [sys.executable, "-c", script], env=python_env(), capture_output=True, text=True,

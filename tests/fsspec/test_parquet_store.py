@@ -27,6 +27,7 @@ import pytest
 
 from async_tracker import AppRun
 from async_tracker.backend.fsspec import AsyncFsspecTracker, encode_run_id
+from async_tracker.backend.fsspec import parquet as parquet_module
 from async_tracker.backend.fsspec import writer as writer_module
 from async_tracker.backend.fsspec.metricfiles import (
     INPUTS_KEY,
@@ -400,7 +401,8 @@ def test_a_compaction_that_fails_keeps_every_segment(
     def failing(*args: object, **kwargs: object) -> bytes:
         raise MemoryError("no room to compact")
 
-    monkeypatch.setattr(writer_module, "compact", failing)
+    # The writer imports the codec at its compaction (numpy and pyarrow load lazily).
+    monkeypatch.setattr(parquet_module, "compact", failing)
     with caplog.at_level(logging.WARNING, logger="async_tracker"):
         w.end()
     (warning,) = [r for r in caplog.records if r.levelno >= logging.WARNING]
@@ -755,3 +757,46 @@ def test_writing_compacting_and_reading_never_import_pandas(tmp_path: Path) -> N
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "False"
+
+
+LAZY_PARQUET = """
+import sys
+
+def loaded():
+    return sorted(m for m in ("numpy", "pyarrow", "pandas") if m in sys.modules)
+
+import async_tracker, async_tracker.cli.main
+from async_tracker import AppRun
+from async_tracker.backend.fsspec import AsyncFsspecTracker
+from async_tracker.init_run import open_store
+
+root, spool = sys.argv[1], sys.argv[2]
+store = open_store(root)
+assert isinstance(store, AsyncFsspecTracker), store
+print(loaded(), flush=True)
+with AppRun("r/1", [store], spool_dir=spool, heartbeat_s=0) as run:
+    run.add_metadata(lr=0.01)
+print(loaded(), flush=True)
+with AppRun("r/2", [store], spool_dir=spool, heartbeat_s=0) as run:
+    run.log_metric("loss", 0.5, step=1)
+print(loaded(), flush=True)
+"""
+
+
+def test_the_package_and_a_store_load_numpy_and_pyarrow_at_the_first_metric_write(
+    tmp_path: Path,
+) -> None:
+    """``import async_tracker`` (and the CLI's module) and a store opened load neither numpy
+    nor pyarrow (a quarter of the import's time), nor does a run that writes no metrics;
+    the first metric write does."""
+    import subprocess
+    import sys
+
+    from tests.core.helpers import python_env
+
+    done = subprocess.run(
+        [sys.executable, "-c", LAZY_PARQUET, str(tmp_path / "runs"), str(tmp_path / "spool")],
+        env=python_env(), capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split("\n")[:3] == ["[]", "[]", "['numpy', 'pyarrow']"], done.stdout

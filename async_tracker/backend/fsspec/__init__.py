@@ -11,16 +11,19 @@ filesystem, and the one boundary where errors are mapped), ``segments`` (the met
 codec), ``parsing`` (the record files read back, and what a read skipped), ``cache`` (what a
 reader of the run list keeps between listings), ``reader`` (the read half: one run's
 records, status and heartbeats), ``index`` (the run index: the writers' summaries and their
-compacted checkpoint), ``summaries`` (the run list, from the index), ``writer`` (the write
+compacted checkpoint; with ``indexcheckpoint``, the checkpoint's format, and ``indexfiles``,
+the index's file I/O), ``summaries`` (the run list, from the index), ``writer`` (the write
 half: batches, summaries, heartbeats, a run's claim and end), ``config`` (torchx's config
 file), and this module, which puts them together. Metric data is Apache Parquet:
 ``parquet`` (the schema and codec) and ``metricfiles`` (the metric files of a run: names,
-what compaction covers, what a following reader keeps).
+what compaction covers, what a following reader keeps), which import numpy and pyarrow and
+so are imported at the first write or read of metrics, never with the package.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING
 
 import fsspec
 import fsspec.core
@@ -57,8 +60,6 @@ from async_tracker.backend.fsspec.layout import (
 
 # Private names that tests import from here.
 from async_tracker.backend.fsspec.layout import _names as _names
-from async_tracker.backend.fsspec.metricfiles import MetricsCursor
-from async_tracker.backend.fsspec.parquet import Columns
 from async_tracker.backend.fsspec.reader import FsspecReader, MetricSegments, _Parsed, points_of
 from async_tracker.backend.fsspec.segments import (
     MAX_STRIDE,
@@ -87,8 +88,15 @@ from async_tracker.records import (
     TrackerMetric,
     TrackerSource,
 )
+from async_tracker.runtime.process import lazy_imports
 from async_tracker.store.reader import RunReader
 from async_tracker.store.summary import RunSummary
+
+# The Parquet modules (numpy, pyarrow) are not imported with the package, but at the first
+# write or read of metrics (see writer.py and reader.py): MetricsCursor is given on demand.
+if TYPE_CHECKING:
+    from async_tracker.backend.fsspec.metricfiles import MetricsCursor
+    from async_tracker.backend.fsspec.parquet import Columns
 
 __all__ = [
     "ARTIFACTS_DIR",
@@ -133,6 +141,16 @@ __all__ = [
     "skipped_line",
     "summary_path",
 ]
+
+
+def __getattr__(name: str) -> object:
+    """``MetricsCursor``, imported when first asked for (it loads numpy and pyarrow)."""
+    if name == "MetricsCursor":
+        with lazy_imports:  # a fork waits for the import (see runtime/process.py)
+            from async_tracker.backend.fsspec.metricfiles import MetricsCursor
+
+        return MetricsCursor
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 class AsyncFsspecTracker(AsyncTrackerBase):
@@ -308,8 +326,9 @@ class AsyncFsspecTracker(AsyncTrackerBase):
         """The read side's view of this store (see
         :class:`~async_tracker.backend.fsspec.runreader.FsspecRunReader`)."""
         # Imported here: it reads columns with numpy, which a process that only writes
-        # never loads.
-        from async_tracker.backend.fsspec.runreader import FsspecRunReader
+        # never loads (under lazy_imports: a fork waits for the import).
+        with lazy_imports:
+            from async_tracker.backend.fsspec.runreader import FsspecRunReader
 
         return FsspecRunReader(self._reader, f"store {self.store_url}")
 

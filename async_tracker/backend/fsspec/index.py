@@ -20,14 +20,15 @@ files, however many runs; on local disk, a scan of the root's names). The previo
 kept the summaries as ``.summary-<digest>-<token>.json``: those are still read, folded into a
 checkpoint and removed like the others.
 
-**A checkpoint** holds, per run, each writer's summary as its file held it (the text: a
-checkpoint never rewrites what it folds, and a writer's newer summary replaces its entry,
-never adds to it), the run as the list shows it when its status is final (ended, or crashed:
-then with the time that was judged at), and the version (size and ETag on object stores;
-size, mtime and inode on local disk) of each file it folded, each marked when compaction may
-remove it. Also when it last listed the store's root. One file (see :class:`Checkpoint`): a
-JSON line (its number, times, the files it folded), a JSON line of one flat row per run,
-then the texts the rows point into (each run's params and metrics; each writer's summary).
+**A checkpoint** (``indexcheckpoint.py``) holds, per run, each writer's summary as its file
+held it (the text: a checkpoint never rewrites what it folds, and a writer's newer summary
+replaces its entry, never adds to it), the run as the list shows it when its status is final
+(ended, or crashed: then with the time that was judged at), and the version (size and ETag
+on object stores; size, mtime and inode on local disk) of each file it folded, each marked
+when compaction may remove it. Also when it last listed the store's root. One file (see
+:class:`Checkpoint`): a JSON line (its number, times, the files it folded), a JSON line of
+one flat row per run, then the texts the rows point into
+(each run's params and metrics; each writer's summary).
 A listing parses the rows alone: a run's params and metrics when they are looked at (a list
 of 100,000 runs shows 50), its writers' summaries when it must summarise the run again.
 gzip'd on object stores (fewer bytes on the wire), plain on local disk (reading it from the
@@ -76,32 +77,51 @@ Writers (``writer.py``) meet the index three times: ``claim_run`` adds a claim
 checkpoint's entry (:func:`stored_summary`); ``delete_run`` writes a tombstone
 (:func:`remove_run`). A read-only store is never compacted: it is listed as the previous
 version listed it, from its root.
+
+The index's file I/O (listings with versions, reads, exclusive creates, removals) is in
+``indexfiles.py``; this module holds the names, a listing, compaction and the writers' side.
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import errno
 import functools
-import gc
 import gzip
-import inspect
-import json
 import logging
-import math
-import os
 import posixpath
 import re
-import secrets
 import time
 import zlib
-from collections.abc import Callable, Collection, Hashable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from typing import Any
 
 import orjson
 
 from async_tracker.backend.fsspec.cache import SummaryFileCache
+from async_tracker.backend.fsspec.indexcheckpoint import (
+    _AT,
+    _STATUS,
+    Checkpoint,
+    _decode,
+    _encode,
+    _gc_paused,
+    _loads,
+    _Row,
+)
+
+# The index's I/O, called by these names from this module: the tests of races and crashes
+# replace _create, _read and _remove here.
+from async_tracker.backend.fsspec.indexfiles import (
+    Version,
+    _create,
+    _fetch,
+    _put,
+    _read,
+    _remove,
+    _scan_root,
+    _takes_prefix,
+    list_index,
+)
 from async_tracker.backend.fsspec.layout import (
     _SUMMARY_FILE,
     _UNPARSEABLE,
@@ -111,29 +131,19 @@ from async_tracker.backend.fsspec.layout import (
     SUMMARY_PREFIX,
     _digest,
     _names,
-    _root_entry,
-    _utf8,
 )
 from async_tracker.backend.fsspec.parsing import _Skipped
 from async_tracker.backend.fsspec.reader import FsspecReader
-from async_tracker.backend.fsspec.storage import (
-    _encode_json,
-    _gather_bounded,
-    _mapped,
-    _Storage,
-    _version_of,
-)
+from async_tracker.backend.fsspec.storage import _encode_json, _mapped, _Storage
 from async_tracker.errors import BackendError
 from async_tracker.runtime.process import run_blocking
-from async_tracker.store.summary import MetricSummary, RunSummary, WriterSummary
+from async_tracker.store.summary import RunSummary, WriterSummary
 
 logger = logging.getLogger(__name__)
 
 CLAIM_PREFIX = INDEX_PREFIX + "claim-"
 REMOVED_PREFIX = INDEX_PREFIX + "removed-"
 CHECKPOINT_PREFIX = INDEX_PREFIX + "checkpoint-"
-# Local writes are staged under this name, then renamed or linked into place.
-_STAGE_PREFIX = INDEX_PREFIX + "tmp-"
 _CHECKPOINT = re.compile(r"\.index-checkpoint-(\d{20})\.json(\.gz)?")
 
 # Compact once this many files not folded could be removed by it (summaries of writers that
@@ -152,8 +162,6 @@ _ENDED = frozenset({"finished", "failed", "killed"})
 # What parses a summary file into the runs it is about: summaries.py's ``_add_summary``
 # (``runs``, the file's name, its content) -> why it was skipped ("" if not).
 Parse = Callable[[Mapping[str, "_Found"], str, "bytes | None"], str]
-# A file's version as the checkpoint keeps it (None: the filesystem tells none).
-Version = str | None
 
 
 class _Found:
@@ -195,492 +203,6 @@ class _Runs(Mapping[str, _Found]):
         return len(self.runs)
 
 
-# -- the checkpoint --------------------------------------------------------------------------
-
-
-# A run's row in a checkpoint, a flat list: what it holds at each position. The run as the
-# list shows it, when its status is final (else None from STATUS to NOTE, DETAIL -1): its
-# status, when that was judged (crashed), its times, tags and note, and where its params and
-# metrics are (JSON text: ``[params, metrics]``); then each writer's summary: token, where.
-_ID, _STATUS, _AT, _START, _END, _BEAT, _TAGS, _NOTE, _DETAIL, _DETAIL_SIZE, _WRITERS = range(11)
-
-
-@dataclasses.dataclass
-class Checkpoint:
-    """A checkpoint as read. Its file: a JSON line (``v``, ``n``, ``time``, ``rescan`` and
-    ``files``: by name, ``[version, removable]``), a JSON line of the runs' rows (see
-    ``_ID``...), then texts: each run's params and metrics, and each writer's summary as its
-    file held it. A listing parses the rows alone; a run's params and metrics when they are
-    looked at, its writers' summaries when it must be summarised again."""
-
-    n: int
-    time: float
-    rescan: float
-    files: dict[str, list[Any]]
-    runs: dict[str, list[Any]]
-    data: bytes = b""
-    base: int = 0  # where the texts begin in ``data``
-    # The runs' summaries made from their rows, kept while the checkpoint is.
-    decoded: dict[str, RunSummary] = dataclasses.field(default_factory=dict)
-
-    def text(self, at: int, size: int) -> bytes:
-        return self.data[self.base + at : self.base + at + size]
-
-    def texts(self, run_id: str) -> dict[str, bytes]:
-        """Each writer's summary of ``run_id``, by token, as its file held it."""
-        row = self.runs.get(run_id)
-        if row is None:
-            return {}
-        tail = row[_WRITERS:]
-        return {tail[i]: self.text(tail[i + 1], tail[i + 2]) for i in range(0, len(tail), 3)}
-
-    def summary(self, run_id: str) -> RunSummary:
-        """The run as its row keeps it (a final status)."""
-        made = self.decoded.get(run_id)
-        if made is None:
-            row = self.runs[run_id]
-            tags, params = row[_TAGS], _Params(self, row)
-            made = self.decoded[run_id] = RunSummary(
-                run_id, row[_STATUS], row[_START], row[_END], row[_BEAT], params,
-                frozenset(tags) if tags else _NO_TAGS, row[_NOTE], _Metrics(params),
-            )  # fmt: skip
-        return made
-
-
-_NO_TAGS: frozenset[str] = frozenset()
-
-
-def _checkpoint_number(name: str) -> int | None:
-    found = _CHECKPOINT.fullmatch(name)
-    return int(found[1]) if found else None
-
-
-def _decode(name: str, data: bytes) -> Checkpoint:
-    if name.endswith(".gz"):
-        data = gzip.decompress(data)
-    first = data.index(b"\n")
-    second = data.index(b"\n", first + 1)
-    view = memoryview(data)
-    with _gc_paused():
-        head = orjson.loads(view[:first])
-        if not isinstance(head, dict) or head.get("v") != 1:
-            raise ValueError("not a run index checkpoint (version 1)")
-        rows = orjson.loads(view[first + 1 : second])
-        runs = {row[_ID]: row for row in rows}
-    return Checkpoint(
-        n=int(head["n"]),
-        time=float(head["time"]),
-        rescan=float(head["rescan"]),
-        files=dict(head["files"]),
-        runs=runs,
-        data=data,
-        base=second + 1,
-    )
-
-
-@dataclasses.dataclass
-class _Row:
-    """A run as the next checkpoint holds it: its summary when its status is final (and
-    when that was judged: crashed), or its row in the last checkpoint; its writers'
-    summaries."""
-
-    run_id: str
-    texts: dict[str, bytes]
-    summary: RunSummary | None = None
-    at: float | None = None
-    held: tuple[Checkpoint, list[Any]] | None = None
-
-
-def _encode(
-    n: int, rescan: float, files: Mapping[str, list[Any]], rows: Sequence[_Row]
-) -> Checkpoint:
-    """The checkpoint of ``rows``, with its file's content (``data``)."""
-    chunks: list[bytes] = []
-    at = 0
-
-    def put(text: bytes) -> list[int]:
-        nonlocal at
-        chunks.extend((text, b"\n"))
-        at += len(text) + 1
-        return [at - len(text) - 1, len(text)]
-
-    out: list[list[Any]] = []
-    for row in rows:
-        if row.held is not None:  # as it was
-            checkpoint, old = row.held
-            line = old[:_DETAIL]
-            detail = old[_DETAIL] >= 0
-            line += put(checkpoint.text(old[_DETAIL], old[_DETAIL_SIZE])) if detail else [-1, 0]
-        elif row.summary is not None:
-            s = row.summary
-            line = [row.run_id, s.status, row.at, s.start, s.end, s.heartbeat,
-                    sorted(s.tags) or None, s.note]  # fmt: skip
-            line += put(_detail(s))
-        else:
-            line = [row.run_id, None, None, None, None, None, None, None, -1, 0]
-        for token, text in row.texts.items():
-            line += [token, *put(text)]
-        out.append(line)
-    made = time.time()
-    head = {"v": 1, "n": n, "time": made, "rescan": rescan, "files": files}
-    with _gc_paused():
-        try:
-            lines = orjson.dumps(head) + b"\n" + orjson.dumps(out) + b"\n"
-        except (orjson.JSONEncodeError, TypeError):  # not expected: plain values alone
-            lines = (json.dumps(head) + "\n" + json.dumps(out) + "\n").encode("utf-8")
-    data = lines + b"".join(chunks)
-    return Checkpoint(n, made, rescan, dict(files), {r[_ID]: r for r in out}, data, len(lines))
-
-
-def _detail(summary: RunSummary) -> bytes:
-    """A run's params and metrics as its row keeps them: JSON text, by orjson where it writes
-    them exactly, else by ``json`` (NaN, huge ints: what params may hold)."""
-    detail = [dict(summary.params), {name: m.to_json() for name, m in summary.metrics.items()}]
-    return orjson.dumps(detail) if _plain(detail) else json.dumps(detail).encode("utf-8")
-
-
-class _Params(Mapping[str, object]):
-    """A run's params as a checkpoint's row holds them, parsed when first looked at: a
-    list of 100,000 runs shows 50 (parsing them all would take most of its time)."""
-
-    __slots__ = ("_checkpoint", "_parsed", "_row")
-
-    def __init__(self, checkpoint: Checkpoint, row: list[Any]) -> None:
-        self._checkpoint = checkpoint
-        self._row = row
-        self._parsed: list[Any] | None = None
-
-    def detail(self) -> list[Any]:
-        """The row's ``[params, metrics]``."""
-        if self._parsed is None:
-            row = self._row
-            self._parsed = _loads(self._checkpoint.text(row[_DETAIL], row[_DETAIL_SIZE]))
-        return self._parsed
-
-    def __getitem__(self, key: str) -> object:
-        return self.detail()[0][key]
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self.detail()[0])
-
-    def __len__(self) -> int:
-        return len(self.detail()[0])
-
-    def __repr__(self) -> str:
-        return repr(self.detail()[0])
-
-
-class _Metrics(Mapping[str, MetricSummary]):
-    """A run's metrics as a checkpoint's row holds them, each made a :class:`MetricSummary`
-    when looked up (see :class:`_Params`)."""
-
-    __slots__ = ("_params",)
-
-    def __init__(self, params: _Params) -> None:
-        self._params = params  # what parses the row's text, once for both
-
-    def __getitem__(self, name: str) -> MetricSummary:
-        return MetricSummary.from_json(self._params.detail()[1][name])
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._params.detail()[1])
-
-    def __len__(self) -> int:
-        return len(self._params.detail()[1])
-
-    def __repr__(self) -> str:
-        return repr(dict(self.items()))
-
-
-def _plain(value: object, depth: int = 0) -> bool:
-    """Whether orjson writes ``value`` as JSON that reads back the same: it writes NaN and
-    infinities as null, and refuses ints beyond 64 bits, lone surrogates and deep nesting."""
-    if value is None or isinstance(value, bool):
-        return True
-    if isinstance(value, str):
-        return value.isascii() or _utf8(value)
-    if isinstance(value, float):
-        return math.isfinite(value)
-    if isinstance(value, int):
-        return -(2**63) <= value < 2**64
-    if depth > 200:
-        return False
-    if isinstance(value, list):
-        return all(_plain(v, depth + 1) for v in value)
-    if isinstance(value, dict):
-        return all(isinstance(k, str) and _plain(k) and _plain(v, depth + 1)
-                   for k, v in value.items())  # fmt: skip
-    return False
-
-
-def _loads(text: str | bytes) -> Any:
-    """JSON text as written by ``json``: orjson where it can (it refuses NaN, huge ints)."""
-    try:
-        return orjson.loads(text)
-    except orjson.JSONDecodeError:
-        return json.loads(text)
-
-
-@contextlib.contextmanager
-def _gc_paused() -> Iterator[None]:
-    """The cyclic garbage collector off while a checkpoint's many small objects are made
-    (none holds a cycle): it would otherwise walk them all again at each of its passes,
-    which doubles the time of a checkpoint of 100,000 runs."""
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if enabled:
-            gc.enable()
-
-
-# -- files -------------------------------------------------------------------------------------
-
-
-def _local_version(stat: os.stat_result) -> str:
-    # The inode too: a writer replaces a file by a rename, a new inode, so a rewrite within
-    # one mtime tick is still a new version.
-    return f"{stat.st_size}:{stat.st_mtime_ns}:{stat.st_ino}"
-
-
-def _version_text(version: Hashable) -> Version:
-    if version is None:
-        return None
-    return "|".join(map(str, version)) if isinstance(version, tuple) else str(version)
-
-
-def _takes_prefix(fs: Any) -> bool:
-    """Whether the filesystem's ``find`` lists the keys under a prefix in one request, with
-    no lookup of the path first (s3fs, gcsfs)."""
-    find = getattr(type(fs), "_find", None)
-    try:
-        return find is not None and "prefix" in inspect.signature(find).parameters
-    except (TypeError, ValueError):
-        return False
-
-
-async def list_index(storage: _Storage, root: str) -> dict[str, Version]:
-    """Every file of the index by name, with its version: one request on object stores
-    while there are fewer than 1,000."""
-    if storage.stages:
-        with _mapped(f"listing of {root}"):
-            listed: dict[str, Version] = await run_blocking(
-                _list_local, root, endpoint=storage.endpoint
-            )
-        return listed
-    if not (storage.is_async and _takes_prefix(storage.fs)):
-        entries = await storage.ls_versions(root)
-        return {n: _version_text(v) for n, kind, v in entries
-                if n.startswith(INDEX_PREFIX) and kind == "file"}  # fmt: skip
-    with _mapped(f"listing of {root}/{INDEX_PREFIX}*"):
-        storage.fs.invalidate_cache(root)
-        try:
-            found = await storage._call("find", root, prefix=INDEX_PREFIX, detail=True)
-        except (FileNotFoundError, NotADirectoryError):
-            return {}
-    out: dict[str, Version] = {}
-    for path, entry in dict(found).items():
-        name = posixpath.basename(str(path).rstrip("/"))
-        if name.startswith(INDEX_PREFIX) and entry.get("type", "file") == "file":
-            out[name] = _version_text(_version_of(entry))
-    return out
-
-
-def _list_local(root: str) -> dict[str, Version]:
-    out: dict[str, Version] = {}
-    try:
-        # Names alone for the run directories (no stat): 100,000 in ~20 ms.
-        names = [name for name in os.listdir(root) if name.startswith(INDEX_PREFIX)]
-    except (FileNotFoundError, NotADirectoryError):
-        return out
-    for name in names:
-        with contextlib.suppress(FileNotFoundError):  # removed meanwhile
-            out[name] = _local_version(os.stat(os.path.join(root, name)))
-    return out
-
-
-async def _read(
-    reader: FsspecReader,
-    rels: Sequence[str],
-    versions: Sequence[Version],
-    cache: SummaryFileCache | None,
-) -> list[bytes | None]:
-    """The content of each file (None: gone meanwhile); with ``cache``, what it kept of a
-    file at the version listed (on local disk all of them in one worker-thread call)."""
-    if not rels:
-        return []
-    paths = [posixpath.join(reader.root_dir, rel) for rel in rels]
-    storage = reader.storage
-    if storage.stages:
-        with _mapped(f"read of {paths[0]} and {len(paths) - 1} more"):
-            read: list[bytes | None] = await run_blocking(
-                _read_local, paths, versions, cache, endpoint=storage.endpoint
-            )
-        return read
-    kept = [cache.get(p, v) if cache is not None else None for p, v in zip(paths, versions)]
-    missing = [i for i, data in enumerate(kept) if data is None]
-    fetched = await _gather_bounded([_fetch(storage, paths[i]) for i in missing])
-    for i, data in zip(missing, fetched):
-        if data is not None and cache is not None:
-            cache.put(paths[i], versions[i], data)
-        kept[i] = data
-    return kept
-
-
-async def _fetch(storage: _Storage, path: str) -> bytes | None:
-    """The content of a file not listed through fsspec's cache: a read from its first byte,
-    one request (a plain read asks s3fs for the size first: a HEAD), else a plain read (an
-    empty object has no range to read)."""
-    with contextlib.suppress(BackendError, OSError):
-        try:
-            data: bytes = await storage._call("cat_file", path, start=0)
-            return data
-        except FileNotFoundError:
-            return None
-    return await storage.get(path)
-
-
-def _read_local(
-    paths: Sequence[str], versions: Sequence[Version], cache: SummaryFileCache | None
-) -> list[bytes | None]:
-    out: list[bytes | None] = []
-    for path, version in zip(paths, versions):
-        data = cache.get(path, version) if cache is not None else None
-        if data is None:
-            try:
-                with open(path, "rb") as file:
-                    data = file.read()
-            except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
-                out.append(None)
-                continue
-            if cache is not None:
-                cache.put(path, version, data)
-        out.append(data)
-    return out
-
-
-async def _scan_root(
-    reader: FsspecReader, skipped: _Skipped
-) -> tuple[set[str], dict[str, Version]]:
-    """One listing of the store's root: the ids of the directories named as runs, and the
-    previous version's summary files there, with their versions."""
-    if reader.storage.stages:
-        with _mapped(f"listing of {reader.root_dir}"):
-            dirs, legacy, bad = await run_blocking(
-                _scan_root_local, reader.root_dir, endpoint=reader.storage.endpoint
-            )
-        for path, why in bad:
-            skipped.add(path, why)
-        return dirs, legacy
-    runs, summaries = await reader.root(skipped)
-    return {run_id for _, run_id in runs}, {n: _version_text(v) for n, v in summaries}
-
-
-def _scan_root_local(root: str) -> tuple[set[str], dict[str, Version], list[tuple[str, str]]]:
-    bad: list[tuple[str, str]] = []
-    try:
-        entries = list(os.scandir(root))
-    except FileNotFoundError:
-        return set(), {}, []
-    except NotADirectoryError:
-        return set(), {}, [(root, "a file where the store's directory should be")]
-    runs: list[tuple[str, str]] = []
-    names: list[str] = []
-    for entry in entries:
-        why = _root_entry(entry.name, entry.is_dir(), runs, names)
-        if why:
-            bad.append((entry.path, why))
-    legacy: dict[str, Version] = {}
-    for name in names:
-        with contextlib.suppress(FileNotFoundError):
-            legacy[name] = _local_version(os.stat(os.path.join(root, name)))
-    return {run_id for _, run_id in runs}, legacy, bad
-
-
-async def _create(storage: _Storage, path: str, data: bytes) -> bool:
-    """Writes ``path`` unless it exists, atomically: True if this call created it."""
-    if storage.stages:
-        with _mapped(f"exclusive create of {path}"):
-            created: bool = await run_blocking(
-                _create_local, path, data, endpoint=storage.endpoint
-            )
-        return created
-    return await storage.create(path, data)
-
-
-def _create_local(path: str, data: bytes) -> bool:
-    """A staged file hard-linked into place: exclusive (the link fails if the name exists)
-    and whole (a reader never sees it partly written, as it may an ``O_EXCL`` create's)."""
-    tmp = _staged(path, data)
-    try:
-        os.link(tmp, path)
-        return True
-    except FileExistsError:
-        return False
-    except OSError as exc:
-        if exc.errno not in (errno.EPERM, errno.EOPNOTSUPP, errno.ENOTSUP, errno.EXDEV):
-            raise
-        # No hard links here (some network and FUSE filesystems): an exclusive create.
-        try:
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-        except FileExistsError:
-            return False
-        try:
-            os.write(fd, data)
-        finally:
-            os.close(fd)
-        return True
-    finally:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-
-
-async def _remove(storage: _Storage, paths: Sequence[str]) -> None:
-    """Removes ``paths`` (one already gone is no error): one bulk request per 1,000 on
-    object stores that have it (s3fs)."""
-    if not paths:
-        return
-    if not storage.is_async:
-        await storage.rm_many(paths)
-        return
-    with _mapped(f"removal of {paths[0]} and {len(paths) - 1} more"):
-        with contextlib.suppress(FileNotFoundError):
-            await storage._call("rm", list(paths))
-        storage.fs.invalidate_cache(posixpath.dirname(paths[0]))
-
-
-def _staged(path: str, data: bytes) -> str:
-    """``data`` in a new file beside ``path``, named so that no listing takes it for one of
-    the index's (nor torchx for a run: a file)."""
-    directory = os.path.dirname(path)
-    os.makedirs(directory, exist_ok=True)
-    tmp = os.path.join(directory, _STAGE_PREFIX + secrets.token_hex(8))
-    with open(tmp, "xb") as file:
-        file.write(data)
-    return tmp
-
-
-async def _put(storage: _Storage, path: str, data: bytes) -> None:
-    """Writes ``path`` whole (locally: staged beside it, then renamed into place: not in a
-    run's ``.tmp/``, which would make a directory at the root, where torchx sees runs)."""
-    if storage.stages:
-        await run_blocking(_put_local, path, data, endpoint=storage.endpoint)
-    else:
-        await storage.put(path, data, posixpath.dirname(path))
-
-
-def _put_local(path: str, data: bytes) -> None:
-    with _mapped(f"write of {path}"):
-        tmp = _staged(path, data)
-        try:
-            os.replace(tmp, path)
-        except BaseException:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(tmp)
-            raise
-
-
 # -- a listing --------------------------------------------------------------------------------
 
 
@@ -705,6 +227,11 @@ class IndexRead:
     removed: set[str] = dataclasses.field(default_factory=set)
     void: set[str] = dataclasses.field(default_factory=set)
     vanished: bool = False  # a file listed was gone when read: list again
+
+
+def _checkpoint_number(name: str) -> int | None:
+    found = _CHECKPOINT.fullmatch(name)
+    return int(found[1]) if found else None
 
 
 _KINDS = (

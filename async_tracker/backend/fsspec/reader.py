@@ -18,7 +18,7 @@ import itertools
 import posixpath
 import time
 from collections.abc import Callable, Collection, Hashable, Iterable, Mapping, Sequence
-from typing import Generic, TypeVar
+from typing import TYPE_CHECKING, Generic, TypeVar
 
 import anyio
 
@@ -38,15 +38,6 @@ from async_tracker.backend.fsspec.layout import (
     encode_run_id,
     run_path,
 )
-from async_tracker.backend.fsspec.metricfiles import (
-    Coverage,
-    MetricsCursor,
-    Seen,
-    inputs_of,
-    is_compacted,
-    is_parquet,
-)
-from async_tracker.backend.fsspec.parquet import Columns, SegmentError, decode_segment
 from async_tracker.backend.fsspec.parsing import (
     _last_life_ending,
     _parse_artifact,
@@ -69,8 +60,15 @@ from async_tracker.records import (
     TrackerSource,
     sort_points,
 )
-from async_tracker.runtime.process import run_blocking
+from async_tracker.runtime.process import lazy_imports, run_blocking
 from async_tracker.settings import CRASHED_AFTER_BEATS
+
+# The Parquet modules (numpy, pyarrow) are imported by the reads of metric files, not with
+# the package: a process that never reads metrics (a training job) never loads them. Under
+# lazy_imports: a fork waits for the import (see runtime/process.py).
+if TYPE_CHECKING:
+    from async_tracker.backend.fsspec.metricfiles import MetricsCursor
+    from async_tracker.backend.fsspec.parquet import Columns
 
 T = TypeVar("T")
 # What a metric_segments caller makes of one segment.
@@ -350,6 +348,17 @@ class FsspecReader:
         names: Collection[str] | None,
         skipped: _Skipped,
     ) -> tuple[MetricSegments[_Parsed], bool]:
+        with lazy_imports:  # numpy and pyarrow load here, at the first read (see the imports)
+            from async_tracker.backend.fsspec.metricfiles import (
+                Coverage,
+                MetricsCursor,
+                Seen,
+                inputs_of,
+                is_compacted,
+                is_parquet,
+            )
+            from async_tracker.backend.fsspec.parquet import SegmentError, decode_segment
+
         directory = self.path(run_id, METRICS_DIR)
         try:
             listing = await self.storage.ls(directory)

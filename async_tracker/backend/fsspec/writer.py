@@ -39,6 +39,7 @@ import posixpath
 import socket
 import time
 from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
 
 import anyio
 import orjson
@@ -68,24 +69,6 @@ from async_tracker.backend.fsspec.layout import (
     run_path,
     summary_path,
 )
-from async_tracker.backend.fsspec.metricfiles import (
-    JSON_SUFFIX,
-    Coverage,
-    compactable,
-    compacted_name,
-    inputs_metadata,
-    inputs_of,
-    is_compacted,
-    row_writer,
-    segment_digest,
-)
-from async_tracker.backend.fsspec.parquet import (
-    SUFFIX,
-    SegmentError,
-    compact,
-    decode_segment,
-    encode_segment,
-)
 from async_tracker.backend.fsspec.segments import _Columns, _columns_by_name, _encode_column
 from async_tracker.backend.fsspec.storage import (
     NotADirectory,
@@ -99,8 +82,14 @@ from async_tracker.backend.fsspec.summaries import _add_summary
 from async_tracker.base import END_PART, CloseReason
 from async_tracker.errors import BackendError, RecordError
 from async_tracker.records import Batch, MetricRow, TrackerMetric
-from async_tracker.runtime.process import run_blocking
+from async_tracker.runtime.process import lazy_imports, run_blocking
 from async_tracker.store.summary import WriterSummary, summarize_columns
+
+# The Parquet modules (numpy, pyarrow) are imported at the first write of metrics, not with
+# the package: a process that imports async_tracker and writes no metrics never loads them.
+# Under lazy_imports: a fork waits for the import (see runtime/process.py).
+if TYPE_CHECKING:
+    from async_tracker.backend.fsspec.parquet import SegmentError
 
 logger = logging.getLogger(__name__)
 
@@ -314,6 +303,9 @@ class FsspecWriter:
             else {}
         )
         if "metrics" not in batch.done and batch.points():
+            with lazy_imports:  # see the imports
+                from async_tracker.backend.fsspec.metricfiles import row_writer
+
             await self._write_segment(
                 run_id, batch.metric_rows(), batch.names, batch.key, columns,
                 writer=row_writer(writer, batch.key), first_seq=batch.first,
@@ -502,6 +494,10 @@ class FsspecWriter:
         Encoded here, on the tracker loop's thread, as the JSON segments were: the columns
         are made by C loops (no Python loop per point) and pyarrow writes the file without
         the GIL, so the training loop, which shares the GIL, loses little to it."""
+        with lazy_imports:  # numpy and pyarrow load here, at the first write (see the imports)
+            from async_tracker.backend.fsspec.metricfiles import JSON_SUFFIX, segment_digest
+            from async_tracker.backend.fsspec.parquet import SUFFIX, encode_segment
+
         if columns is None:
             columns = _columns_by_name(metrics)
         where = self._path(run_id, METRICS_DIR)
@@ -573,7 +569,23 @@ class FsspecWriter:
             listing = await self._storage.ls(directory)
         except NotADirectory:
             return False
-        mine = [n for n, kind in listing if kind == "file" and compactable(n, writer)]
+        # Imported here (see the imports): a run's end does not load numpy and pyarrow
+        # when it has nothing to compact.
+        listed = [n for n, kind in listing if kind == "file"]
+        if len(listed) < 2:
+            return False
+        with lazy_imports:
+            from async_tracker.backend.fsspec.metricfiles import (
+                Coverage,
+                compactable,
+                compacted_name,
+                inputs_metadata,
+                inputs_of,
+                is_compacted,
+            )
+            from async_tracker.backend.fsspec.parquet import SegmentError, compact
+
+        mine = [n for n in listed if compactable(n, writer)]
         if len(mine) < 2:
             return False
         contents = await _gather_bounded(
@@ -750,6 +762,9 @@ class _Tally:
 
 def _check(data: bytes) -> None:
     """Raises SegmentError unless ``data`` is a segment that reads whole."""
+    # Imported already, by _compact (its one caller).
+    from async_tracker.backend.fsspec.parquet import decode_segment
+
     decode_segment(data, columns=())
 
 
