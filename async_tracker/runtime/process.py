@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import atexit
 import functools
+import importlib
 import logging
 import math
 import multiprocessing.util
@@ -344,6 +345,26 @@ def _close_all_at_exit() -> None:
 # for it. A child forked in the middle would inherit the module half made, its import lock
 # held by a thread the child does not have: the child's own import of it would never return.
 lazy_imports = threading.RLock()
+# The heavy modules loaded through import_in_thread (see there).
+_LOADED: set[str] = set()
+
+
+async def import_in_thread(name: str, *, endpoint: str) -> None:
+    """Imports the module ``name`` (and what it imports: numpy, pyarrow) in a worker thread,
+    under :data:`lazy_imports`, unless it was loaded so already. Such an import takes a tenth
+    of a second or more (seconds from a cold disk): on the tracker loop it would stall every
+    run's deliveries and close deadlines meanwhile."""
+    if name in _LOADED:
+        return
+
+    def load() -> None:
+        with lazy_imports:
+            importlib.import_module(name)
+
+    await run_blocking(load, endpoint=endpoint)
+    _LOADED.add(name)
+
+
 # The most a fork waits for such an import (then it forks, as it would without the lock).
 _FORK_IMPORT_WAIT_S = 30.0
 

@@ -13,6 +13,7 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
+import filelock
 import pytest
 
 from tests.core.helpers import free_port
@@ -103,11 +104,14 @@ def torchx_python() -> Path:
     in .venvs/torchx, which CI builds afresh on a clean clone)."""
     venv = REPO / ".venvs" / "torchx"
     python = venv / "bin" / "python"
-    if not (venv / ".ready").exists():
-        subprocess.run([sys.executable, "-m", "venv", "--clear", str(venv)], check=True)
-        subprocess.run(
-            [str(python), "-m", "pip", "install", "-q", "torchx", "fsspec"],
-            check=True,
-        )
-        (venv / ".ready").write_text("ok\n")
+    (REPO / ".venvs").mkdir(exist_ok=True)
+    # One builder at a time: each pytest-xdist worker runs this session fixture.
+    with filelock.FileLock(f"{venv}.lock"):
+        if not (venv / ".ready").exists():
+            subprocess.run([sys.executable, "-m", "venv", "--clear", str(venv)], check=True)
+            subprocess.run(
+                [str(python), "-m", "pip", "install", "-q", "torchx", "fsspec"],
+                check=True,
+            )
+            (venv / ".ready").write_text("ok\n")
     return python

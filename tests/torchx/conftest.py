@@ -11,6 +11,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import filelock
 import pytest
 
 from tests.core.helpers import REPO, python_env
@@ -46,14 +47,17 @@ def torchx_tracker_python(torchx_python: Path) -> Path:
     unmarked = [dep for dep in project["dependencies"] if ";" not in dep]
     wanted = [re.split(r"[<>=!\[ ]", dep, maxsplit=1)[0] for dep in unmarked]
     check = "import importlib.metadata as m, sys; [m.version(n) for n in sys.argv[1:]]"
-    if subprocess.run([str(torchx_python), "-c", check, *wanted]).returncode:
-        subprocess.run(
-            [
-                str(torchx_python), "-m", "pip", "install", "-q",
-                "-c", str(REPO / "constraints.txt"), *project["dependencies"],
-            ],
-            check=True,
-        )
+    # One install at a time: each pytest-xdist worker runs this session fixture, and two pips
+    # installing into one venv at once leave it broken.
+    with filelock.FileLock(f"{torchx_python.parent.parent}.deps.lock"):
+        if subprocess.run([str(torchx_python), "-c", check, *wanted]).returncode:
+            subprocess.run(
+                [
+                    str(torchx_python), "-m", "pip", "install", "-q",
+                    "-c", str(REPO / "constraints.txt"), *project["dependencies"],
+                ],
+                check=True,
+            )
     return torchx_python
 
 

@@ -60,11 +60,14 @@ from async_tracker.records import (
     TrackerSource,
     sort_points,
 )
-from async_tracker.runtime.process import lazy_imports, run_blocking
+from async_tracker.runtime.process import import_in_thread, lazy_imports, run_blocking
 from async_tracker.settings import CRASHED_AFTER_BEATS
 
 # The Parquet modules (numpy, pyarrow) are imported by the reads of metric files, not with
 # the package: a process that never reads metrics (a training job) never loads them. Under
+# The metric codec's module (it loads numpy and pyarrow): imported in a worker thread at
+# the first metric write or read (runtime.process.import_in_thread).
+_CODEC = "async_tracker.backend.fsspec.metricfiles"
 # lazy_imports: a fork waits for the import (see runtime/process.py).
 if TYPE_CHECKING:
     from async_tracker.backend.fsspec.metricfiles import MetricsCursor
@@ -348,7 +351,9 @@ class FsspecReader:
         names: Collection[str] | None,
         skipped: _Skipped,
     ) -> tuple[MetricSegments[_Parsed], bool]:
-        with lazy_imports:  # numpy and pyarrow load here, at the first read (see the imports)
+        # numpy and pyarrow load here, at the first read, in a worker thread (see the imports)
+        await import_in_thread(_CODEC, endpoint=self.storage.endpoint)
+        with lazy_imports:
             from async_tracker.backend.fsspec.metricfiles import (
                 Coverage,
                 MetricsCursor,

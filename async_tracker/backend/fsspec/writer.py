@@ -82,11 +82,14 @@ from async_tracker.backend.fsspec.summaries import _add_summary
 from async_tracker.base import END_PART, CloseReason
 from async_tracker.errors import BackendError, RecordError
 from async_tracker.records import Batch, MetricRow, TrackerMetric
-from async_tracker.runtime.process import lazy_imports, run_blocking
+from async_tracker.runtime.process import import_in_thread, lazy_imports, run_blocking
 from async_tracker.store.summary import WriterSummary, summarize_columns
 
 # The Parquet modules (numpy, pyarrow) are imported at the first write of metrics, not with
 # the package: a process that imports async_tracker and writes no metrics never loads them.
+# The metric codec's module (it loads numpy and pyarrow): imported in a worker thread at
+# the first metric write or read (runtime.process.import_in_thread).
+_CODEC = "async_tracker.backend.fsspec.metricfiles"
 # Under lazy_imports: a fork waits for the import (see runtime/process.py).
 if TYPE_CHECKING:
     from async_tracker.backend.fsspec.parquet import SegmentError
@@ -303,6 +306,7 @@ class FsspecWriter:
             else {}
         )
         if "metrics" not in batch.done and batch.points():
+            await import_in_thread(_CODEC, endpoint=self._storage.endpoint)
             with lazy_imports:  # see the imports
                 from async_tracker.backend.fsspec.metricfiles import row_writer
 
@@ -494,7 +498,9 @@ class FsspecWriter:
         Encoded here, on the tracker loop's thread, as the JSON segments were: the columns
         are made by C loops (no Python loop per point) and pyarrow writes the file without
         the GIL, so the training loop, which shares the GIL, loses little to it."""
-        with lazy_imports:  # numpy and pyarrow load here, at the first write (see the imports)
+        # numpy and pyarrow load here, at the first write, in a worker thread (see the imports)
+        await import_in_thread(_CODEC, endpoint=self._storage.endpoint)
+        with lazy_imports:
             from async_tracker.backend.fsspec.metricfiles import JSON_SUFFIX, segment_digest
             from async_tracker.backend.fsspec.parquet import SUFFIX, encode_segment
 
