@@ -349,6 +349,18 @@ lazy_imports = threading.RLock()
 _LOADED: set[str] = set()
 
 
+def import_here(name: str) -> None:
+    """Imports the module ``name`` on the calling thread (under :data:`lazy_imports`), so
+    that :func:`import_in_thread` finds it loaded. For the caller's own thread: CPython
+    decides how a process that a Ctrl-C ended exits (by SIGINT, as a shell expects) with a
+    flag that an import of pyarrow on another thread clears, so a store loads its codec on
+    the thread that makes it rather than on the tracker's at its first write."""
+    if name not in _LOADED:
+        with lazy_imports:
+            importlib.import_module(name)
+        _LOADED.add(name)
+
+
 async def import_in_thread(name: str, *, endpoint: str) -> None:
     """Imports the module ``name`` (and what it imports: numpy, pyarrow) in a worker thread,
     under :data:`lazy_imports`, unless it was loaded so already. Such an import takes a tenth

@@ -42,6 +42,7 @@ from async_tracker.backend.fsspec.layout import (
     LEGACY_SUMMARY_PREFIX,
     MAX_FILE_NAME_BYTES,
     METADATA_DIR,
+    METRIC_CODEC,
     METRICS_DIR,
     PARENTS_DIR,
     REBUILT_TOKEN,
@@ -88,7 +89,7 @@ from async_tracker.records import (
     TrackerMetric,
     TrackerSource,
 )
-from async_tracker.runtime.process import lazy_imports
+from async_tracker.runtime.process import import_here, lazy_imports
 from async_tracker.store.reader import RunReader
 from async_tracker.store.summary import RunSummary
 
@@ -168,6 +169,10 @@ class AsyncFsspecTracker(AsyncTrackerBase):
     name = "fsspec"
 
     def __init__(self, fs: fsspec.AbstractFileSystem, root_dir: str) -> None:
+        # The metric codec (numpy, pyarrow) loads here, on the caller's thread, not with the
+        # package (a job that imports it to log elsewhere never pays for it) nor on the
+        # tracker's thread at the first write (see runtime.process.import_here: why).
+        import_here(METRIC_CODEC)
         self.fs = fs
         self.root_dir = fs._strip_protocol(root_dir).rstrip("/") or "/"
         # The store as a URL (file:///data/runs, s3://bucket/runs): what

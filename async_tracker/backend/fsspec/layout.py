@@ -48,6 +48,9 @@ import threading
 import time
 from base64 import b32decode, b32encode
 
+# The metric codec's module (it loads numpy and pyarrow), imported by the store when it is
+# made (runtime.process.import_here), not with the package.
+METRIC_CODEC = "async_tracker.backend.fsspec.metricfiles"
 METADATA_DIR = "metadata"
 ARTIFACTS_DIR = "artifacts"
 SOURCES_DIR = "sources"

@@ -28,6 +28,7 @@ from async_tracker.backend.fsspec.layout import (
     DESCENDANTS_DIR,
     HEARTBEAT_DIR,
     METADATA_DIR,
+    METRIC_CODEC,
     METRICS_DIR,
     PARENTS_DIR,
     RUN_PARTS,
@@ -65,9 +66,6 @@ from async_tracker.settings import CRASHED_AFTER_BEATS
 
 # The Parquet modules (numpy, pyarrow) are imported by the reads of metric files, not with
 # the package: a process that never reads metrics (a training job) never loads them. Under
-# The metric codec's module (it loads numpy and pyarrow): imported in a worker thread at
-# the first metric write or read (runtime.process.import_in_thread).
-_CODEC = "async_tracker.backend.fsspec.metricfiles"
 # lazy_imports: a fork waits for the import (see runtime/process.py).
 if TYPE_CHECKING:
     from async_tracker.backend.fsspec.metricfiles import MetricsCursor
@@ -352,7 +350,7 @@ class FsspecReader:
         skipped: _Skipped,
     ) -> tuple[MetricSegments[_Parsed], bool]:
         # numpy and pyarrow load here, at the first read, in a worker thread (see the imports)
-        await import_in_thread(_CODEC, endpoint=self.storage.endpoint)
+        await import_in_thread(METRIC_CODEC, endpoint=self.storage.endpoint)
         with lazy_imports:
             from async_tracker.backend.fsspec.metricfiles import (
                 Coverage,

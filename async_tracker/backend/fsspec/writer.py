@@ -56,6 +56,7 @@ from async_tracker.backend.fsspec.layout import (
     DESCENDANTS_DIR,
     HEARTBEAT_DIR,
     METADATA_DIR,
+    METRIC_CODEC,
     METRICS_DIR,
     PARENTS_DIR,
     SOURCES_DIR,
@@ -87,9 +88,6 @@ from async_tracker.store.summary import WriterSummary, summarize_columns
 
 # The Parquet modules (numpy, pyarrow) are imported at the first write of metrics, not with
 # the package: a process that imports async_tracker and writes no metrics never loads them.
-# The metric codec's module (it loads numpy and pyarrow): imported in a worker thread at
-# the first metric write or read (runtime.process.import_in_thread).
-_CODEC = "async_tracker.backend.fsspec.metricfiles"
 # Under lazy_imports: a fork waits for the import (see runtime/process.py).
 if TYPE_CHECKING:
     from async_tracker.backend.fsspec.parquet import SegmentError
@@ -306,7 +304,7 @@ class FsspecWriter:
             else {}
         )
         if "metrics" not in batch.done and batch.points():
-            await import_in_thread(_CODEC, endpoint=self._storage.endpoint)
+            await import_in_thread(METRIC_CODEC, endpoint=self._storage.endpoint)
             with lazy_imports:  # see the imports
                 from async_tracker.backend.fsspec.metricfiles import row_writer
 
@@ -499,7 +497,7 @@ class FsspecWriter:
         are made by C loops (no Python loop per point) and pyarrow writes the file without
         the GIL, so the training loop, which shares the GIL, loses little to it."""
         # numpy and pyarrow load here, at the first write, in a worker thread (see the imports)
-        await import_in_thread(_CODEC, endpoint=self._storage.endpoint)
+        await import_in_thread(METRIC_CODEC, endpoint=self._storage.endpoint)
         with lazy_imports:
             from async_tracker.backend.fsspec.metricfiles import JSON_SUFFIX, segment_digest
             from async_tracker.backend.fsspec.parquet import SUFFIX, encode_segment
