@@ -504,9 +504,12 @@ def _read(file: Any, wanted: Sequence[str], groups: Sequence[int] | None) -> Any
     METRIC_SCHEMA (strings as dictionaries), or SegmentError."""
     try:
         if groups is None:
-            table = file.read(columns=list(wanted))
+            # use_threads=False: no Arrow thread pool, whose threads a process ending right
+            # after a read (a CLI command) can abort on (std::terminate at exit); a file is
+            # decoded in one of our worker threads already.
+            table = file.read(columns=list(wanted), use_threads=False)
         else:
-            table = file.read_row_groups(list(groups), columns=list(wanted))
+            table = file.read_row_groups(list(groups), columns=list(wanted), use_threads=False)
         return _normalized(table)
     except SegmentError:
         raise
