@@ -412,6 +412,8 @@ def decode_segment(
     out: dict[str, Columns] = {}
     for code, where in _groups(codes, len(dictionary)):
         out[dictionary[code]] = Columns(**{key: array[where] for key, array in got.items()})
+    del table
+    release_memory()
     return out, skipped
 
 
