@@ -47,9 +47,9 @@ from async_tracker.backend.fsspec import AsyncFsspecTracker
 from async_tracker.init_run import open_store
 from async_tracker.records import TrackerMetric
 from async_tracker.runtime.process import runtime
+from async_tracker.store.downsample import min_max
 from async_tracker.store.runs import read_runs
 from async_tracker.ui.app import create_app
-from async_tracker.ui.downsample import min_max
 from async_tracker.ui.live import LiveStore
 
 SEGMENT = 1_000_000

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 
 from async_tracker.cli.common import CliError, reader_for
 
@@ -10,6 +11,11 @@ MISSING_UI = "the dashboard needs its extra: pip install 'async-tracker[ui]'"
 
 
 def cmd_ui(args: argparse.Namespace) -> int:
+    # Arrow's system allocator for this long-lived server, unless the user chose one: the
+    # default (mimalloc) keeps freed pages of each big read for later, and a server holding
+    # ten million points then holds about a third more than its columns. Read when pyarrow
+    # loads, which is later (the store's codec, at the first read).
+    os.environ.setdefault("ARROW_DEFAULT_MEMORY_POOL", "system")
     try:
         from async_tracker.ui import server
         from async_tracker.ui.live import PRELOAD_POINTS

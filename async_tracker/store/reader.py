@@ -198,6 +198,18 @@ class RunReader(ABC):
         }
         return ScalarsRead(curves, None, reset=True)
 
+    async def overview(
+        self, run_id: str, names: Collection[str] | None = None
+    ) -> dict[str, Scalars] | None:
+        """A few thousand of the run's points per metric (those of ``names``; all without
+        it) that stand for all of them in a chart: at least the extremes of each of 4,096
+        buckets of the x range, by step and by time, and each curve's ends (see
+        ``store/downsample.py``), sorted like :meth:`scalars`. Only the run's own points,
+        none made up. ``None`` where the store keeps no overview of the run (the default;
+        a live run): a chart then reads every point. A chart of the whole of a huge
+        finished run reads this instead of every point; zooming in reads the points."""
+        return None
+
     @abstractmethod
     async def status(self, run_id: str) -> tuple[str, float | None]:
         """How the run stands: ``running``, ``finished``, ``failed``, ``killed`` or

@@ -17,7 +17,7 @@ from async_tracker.errors import ReadTimeoutError
 from async_tracker.records import Lineage, TrackerArtifact, TrackerMetric
 from async_tracker.runtime.process import runtime
 from async_tracker.settings import read_timeout
-from async_tracker.store.reader import RunListing, RunReader, ScalarsRead
+from async_tracker.store.reader import RunListing, RunReader, Scalars, ScalarsRead
 from async_tracker.store.summary import RunSummary
 
 T = TypeVar("T")
@@ -84,6 +84,11 @@ class Reader:
         self, run_id: str, names: Collection[str] | None = None, since: object | None = None
     ) -> ScalarsRead:
         return self._call(self.reader.scalars, run_id, names, since)
+
+    def overview(
+        self, run_id: str, names: Collection[str] | None = None
+    ) -> dict[str, Scalars] | None:
+        return self._call(self.reader.overview, run_id, names)
 
     def status(self, run_id: str) -> tuple[str, float | None]:
         return self._call(self.reader.status, run_id)

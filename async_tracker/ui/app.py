@@ -35,9 +35,15 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
 from async_tracker.errors import BackendError, ReadTimeoutError
+from async_tracker.store.downsample import (
+    DEFAULT_WIDTH,
+    clamp_width,
+    max_points,
+    min_max,
+    window,
+)
 from async_tracker.store.expr import FilterError
 from async_tracker.store.summary import MetricSummary, RunSummary
-from async_tracker.ui.downsample import DEFAULT_WIDTH, clamp_width, max_points, min_max, window
 from async_tracker.ui.live import LiveStore, UnknownRunError
 
 STATIC_DIR = Path(__file__).resolve().parent / "static"
@@ -156,7 +162,8 @@ def _series(live: LiveStore, request: Request) -> object:
     xmin, xmax = _float(q.get("xmin"), "xmin"), _float(q.get("xmax"), "xmax")
     series = []
     for run_id in runs:
-        for name, (x, y, count) in live.series(run_id, metrics, axis).items():
+        whole = xmin is None and xmax is None
+        for name, (x, y, count) in live.series(run_id, metrics, axis, whole=whole).items():
             part = window(x, xmin, xmax)
             x, y = x[part], y[part]
             keep = min_max(x, y, width)

@@ -48,6 +48,10 @@ SLOW_REFRESH_S = 5.0
 # time as text until charted by time; about 1.7 GB): past it, the runs least recently
 # charted are dropped (read again if asked for again).
 MAX_CACHED_POINTS = 50_000_000
+# A chart of the whole of an ended run of at least this many points (all metrics) is drawn
+# from the store's overview of it, where there is one, until its points are read (by a zoom):
+# reading ten million points takes about half a second, cold, its overview milliseconds.
+OVERVIEW_POINTS = 1_000_000
 # The points read ahead as the server starts (newest runs first): about 0.7 GB at most, and
 # a ten-million-point run among them.
 PRELOAD_POINTS = 20_000_000
@@ -146,6 +150,12 @@ class _RunPoints:
     seen_count: int = -1
     # The points held, as of the last read: what eviction counts (read without the lock).
     held: int = 0
+    # The run's overview (see LiveStore.series), read when its summary counted view_count
+    # points (None: the store has none). Its own lock, not ``lock``: a chart of the whole
+    # run is answered from it while another thread reads every point under ``lock``.
+    view_lock: threading.Lock = field(default_factory=threading.Lock)
+    view: dict[str, Curve] | None = None
+    view_count: int = -1
 
 
 @dataclass(frozen=True)
@@ -302,11 +312,22 @@ class LiveStore:
 
     # -- metric points --------------------------------------------------------------------------
     def series(
-        self, run_id: str, names: Iterable[str] | None = None, axis: str = "step"
+        self,
+        run_id: str,
+        names: Iterable[str] | None = None,
+        axis: str = "step",
+        *,
+        whole: bool = False,
     ) -> dict[str, tuple[XArray, FloatArray, int]]:
         """The run's curves (those of ``names``, all without it) read up to what its summary
         counts (only what is new since the last call): per metric ``(x, y, count)``, x the
-        step or the time (``axis``), sorted. The arrays are never changed afterwards."""
+        step or the time (``axis``), sorted, ``count`` the points the metric has. The
+        arrays are never changed afterwards.
+
+        ``whole``: for a chart of the whole run (not zoomed in). An ended run of at least
+        ``OVERVIEW_POINTS`` points that are not in memory is then answered from the
+        store's overview of it where there is one (:meth:`RunReader.overview`: the points
+        such a chart draws), without reading every point."""
         summary = self.summary(run_id)
         count = sum(m.count for m in summary.metrics.values())
         with self._points_lock:
@@ -315,6 +336,23 @@ class LiveStore:
                 # New, or fewer points than read: the run was deleted and written anew.
                 points = self._points[run_id] = _RunPoints()
             self._points.move_to_end(run_id)
+        # seen_count is read without the run's lock: a chart that sees a full read just
+        # ended uses the overview once more, which draws the same.
+        if (
+            whole
+            and count >= OVERVIEW_POINTS
+            and summary.status != "running"  # a live run has no overview yet
+            and points.seen_count != count
+        ):
+            view = self._overview(run_id, points, count)
+            if view is not None:
+                wanted = view if names is None else {n: view[n] for n in names if n in view}
+                counts = summary.metrics
+                return {
+                    name: (*(c.by_step() if axis == "step" else c.by_time()),
+                           counts[name].count if name in counts else len(c))
+                    for name, c in wanted.items()
+                }  # fmt: skip
         # The run's own lock, not the cache's: a long first read of a huge run (seconds)
         # holds up only the requests for that run. The two locks are never nested.
         with points.lock:
@@ -331,6 +369,19 @@ class LiveStore:
                 out[name] = (x, y, len(curve))
         self._evict()
         return out
+
+    def _overview(self, run_id: str, points: _RunPoints, count: int) -> dict[str, Curve] | None:
+        """The run's overview as curves, read once per point count (None: none kept)."""
+        with points.view_lock:
+            if points.view_count != count:
+                read = self.reader.overview(run_id)
+                points.view = None
+                if read is not None:
+                    points.view = {}
+                    for name, chunk in read.items():
+                        points.view.setdefault(name, Curve()).add(chunk)
+                points.view_count = count
+            return points.view
 
     def _evict(self) -> None:
         """Drops the runs least recently charted while the points kept exceed the bound
@@ -390,6 +441,13 @@ def _search_text(run: RunSummary) -> str:
 
 
 __all__ = [
-    "DEFAULT_REFRESH_S", "MAX_CACHED_POINTS", "PRELOAD_POINTS", "SLOW_REFRESH_S", "Changes",
-    "Curve", "LiveStore", "UnknownRunError",
+    "DEFAULT_REFRESH_S",
+    "MAX_CACHED_POINTS",
+    "OVERVIEW_POINTS",
+    "PRELOAD_POINTS",
+    "SLOW_REFRESH_S",
+    "Changes",
+    "Curve",
+    "LiveStore",
+    "UnknownRunError",
 ]

@@ -18,9 +18,9 @@ from starlette.testclient import TestClient
 from async_tracker.adapters import as_sync
 from async_tracker.init_run import open_store
 from async_tracker.runtime.process import runtime
+from async_tracker.store.downsample import max_points
 from async_tracker.store.open import open_reader
 from async_tracker.ui.app import create_app
-from async_tracker.ui.downsample import max_points
 from async_tracker.ui.live import LiveStore
 from tests.core.helpers import Child
 from tests.faulty import FaultyTracker, backend_down

@@ -9,6 +9,7 @@ Layout under ``root_dir`` (torchx's ``FsspecTracker`` and ``torchx tracker list`
         parents/<base32(src)>.<digest(art)>     new: one file per lineage edge (its artifact)
         descendants/<base32(id)>.<digest(art)>  the same edge, in the source's directory
         metrics/<name>.parquet                  new (torchx ignores it): immutable segments
+        overview/<name>.parquet                 new: what a chart draws of metrics/<name>
         .tmp/                                   staging for atomic renames, where there are
     .index-summary-<digest(run_id)>-<writer token>.json  new: what each process wrote, summed
     .index-summary-<digest(run_id)>-rebuilt.json         new: the same, rebuilt by a reader once
@@ -57,6 +58,10 @@ SOURCES_DIR = "sources"
 PARENTS_DIR = "parents"
 DESCENDANTS_DIR = "descendants"
 METRICS_DIR = "metrics"
+# A big compacted metric file's overview (see parquet.overview), under the same name: not a
+# run part (written only beside metrics/), and outside metrics/ so that a query of
+# ``*/metrics/*.parquet`` (DuckDB, Polars) never counts its rows twice.
+OVERVIEW_DIR = "overview"
 TMP_DIR = ".tmp"
 # How the run ended, one file per writing process: not a record torchx knows (its reader
 # never lists this folder) and not one that makes a directory a run's (see RUN_PARTS).

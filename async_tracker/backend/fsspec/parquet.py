@@ -64,12 +64,16 @@ import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from async_tracker.store.downsample import MAX_WIDTH, min_max
+
 
 def release_memory() -> None:
     """Hands back to the system what Arrow's memory pool keeps after a read (the pages
     decompressed on the way): a long-lived reader (the dashboard) would otherwise hold about
-    as much again as the columns it keeps."""
+    as much again as the columns it keeps. Called on the thread that read: the default pool
+    (mimalloc) keeps a heap per thread, and a call from another thread frees none of it."""
     pa.default_memory_pool().release_unused()
+
 
 __all__ = [
     "COMPACT_ROW_GROUP_ROWS",
@@ -77,12 +81,14 @@ __all__ = [
     "FORMAT_VERSION",
     "METRIC_SCHEMA",
     "OPTIONAL_COLUMNS",
+    "OVERVIEW_MIN_ROWS",
     "SUFFIX",
     "Columns",
     "SegmentError",
     "compact",
     "decode_segment",
     "encode_segment",
+    "overview",
     "release_memory",
 ]
 
@@ -683,6 +689,45 @@ def compact(
         writer.close()
     data: bytes = sink.getvalue().to_pybytes()
     return data
+
+
+# -- overviews ----------------------------------------------------------------------------------
+
+# A compacted file of more rows than this gets an overview (see :func:`overview`); a smaller
+# one is read whole by a chart (a few MB at most).
+OVERVIEW_MIN_ROWS: Final = 1 << 16
+
+
+def overview(data: bytes, width: int = MAX_WIDTH) -> bytes | None:
+    """An overview of the file ``data`` (a compacted file): its rows that a chart ``width``
+    pixels wide draws of each metric, by step and by time (:func:`min_max` of each curve
+    along each axis: every bucket's extremes and the curve's ends), as a file of the same
+    schema; ``None`` for a file of at most :data:`OVERVIEW_MIN_ROWS` rows.
+
+    A chart of the whole of a huge finished run reads this (thousands of rows per metric)
+    instead of every point; zooming in reads the points. The rows are the file's own, so
+    the overview is exact where it is drawn: no point is invented or averaged. Raises
+    :class:`SegmentError` for bytes that are not a segment."""
+    table = _read(_open(data), COLUMN_NAMES, None)
+    if table.num_rows <= OVERVIEW_MIN_ROWS:
+        return None
+    codes, dictionary = _codes(table.column("name"))
+    steps, values = _numpy(table.column("step")), _numpy(table.column("value"))
+    times, seqs = _numpy(table.column("time")), _numpy(table.column("seq"))
+    keep: list[npt.NDArray[np.intp]] = []
+    for _, where in _groups(codes, len(dictionary)):
+        rows = np.arange(len(codes))[where] if isinstance(where, slice) else where
+        # A curve's order, as readers recover it: by step, then by seq (write order).
+        by_step = rows[np.lexsort((seqs[rows], steps[rows]))]
+        keep.append(by_step[min_max(steps[by_step], values[by_step], width)])
+        # The time axis: its own buckets (a run resumed may step back in time), NaN left out.
+        timed = by_step[~np.isnan(times[by_step])]
+        by_time = timed[np.argsort(times[timed], kind="stable")]
+        if len(by_time):
+            keep.append(by_time[min_max(times[by_time], values[by_time], width)])
+    chosen = np.unique(np.concatenate(keep)) if keep else np.empty(0, np.intp)
+    picked = table.take(_arrow(chosen)).cast(_WRITE_SCHEMA)
+    return _write(picked.unify_dictionaries())
 
 
 def _unseen(table: Any, seen: dict[str, list[IntArray]]) -> Any:

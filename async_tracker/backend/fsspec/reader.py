@@ -30,6 +30,7 @@ from async_tracker.backend.fsspec.layout import (
     METADATA_DIR,
     METRIC_CODEC,
     METRICS_DIR,
+    OVERVIEW_DIR,
     PARENTS_DIR,
     RUN_PARTS,
     SOURCES_DIR,
@@ -487,6 +488,64 @@ class FsspecReader:
             unreadable=frozenset(unreadable & listed),
         )
         return MetricSegments(segments, cursor, reset), bool(gone)
+
+    async def overview_segments(
+        self,
+        run_id: str,
+        convert: Callable[[dict[str, Columns]], _Parsed],
+        names: Collection[str] | None = None,
+    ) -> list[_Parsed] | None:
+        """What a chart of the whole run draws, per metric file (see ``parquet.overview``):
+        each compacted file's overview, or the file itself where it has none (a small one),
+        decoded (name, step, value, time; with ``names``, only those metrics) and handed to
+        ``convert``. ``None`` while any metric file is not a compacted one (a live run, a
+        run whose writer never compacted): only every point then gives the chart.
+
+        An overview that cannot be read is named in one warning, and its file read whole
+        instead; a file gone meanwhile (a compaction) gives ``None``: the caller reads the
+        points, which handles it."""
+        await import_in_thread(METRIC_CODEC, endpoint=self.storage.endpoint)
+        with lazy_imports:
+            from async_tracker.backend.fsspec.metricfiles import is_compacted
+            from async_tracker.backend.fsspec.parquet import SegmentError, decode_segment
+
+        directory = self.path(run_id, METRICS_DIR)
+        try:
+            files = [n for n, kind in await self.storage.ls(directory) if kind == "file"]
+            views = self.path(run_id, OVERVIEW_DIR)
+            viewed = {n for n, kind in await self.storage.ls(views) if kind == "file"}
+        except NotADirectory:
+            return None
+        if not all(is_compacted(n) for n in files):
+            return None
+        skipped = _Skipped()
+        endpoint = self.storage.endpoint
+        decode = functools.partial(decode_segment, names=names, columns=("time",))
+
+        async def one(name: str) -> _Parsed | None:
+            if name in viewed:
+                path = posixpath.join(views, name)
+                data = await self.storage.get(path)
+                if data is not None:
+                    try:
+                        columns, _ = await run_blocking(decode, data, endpoint=endpoint)
+                        return convert(columns)
+                    except SegmentError as exc:
+                        skipped.add(path, exc)
+            data = await self.storage.get(posixpath.join(directory, name))
+            if data is None:
+                return None
+            try:
+                columns, _ = await run_blocking(decode, data, endpoint=endpoint)
+            except SegmentError:
+                return None  # the read of the points names it
+            return convert(columns)
+
+        got = await _gather_bounded([one(n) for n in files])
+        skipped.warn()
+        if any(part is None for part in got):
+            return None
+        return [part for part in got if part is not None]
 
     # -- how the run is doing -------------------------------------------------------------------
     async def run_exists(self, run_id: str) -> bool:

@@ -14,7 +14,7 @@ from async_tracker.backend.fsspec import summaries
 from async_tracker.backend.fsspec.cache import SummaryFileCache
 from async_tracker.backend.fsspec.columns import parse_segment, times_array
 from async_tracker.backend.fsspec.metricfiles import MetricsCursor
-from async_tracker.backend.fsspec.parquet import Columns, release_memory
+from async_tracker.backend.fsspec.parquet import Columns
 from async_tracker.backend.fsspec.reader import FsspecReader
 from async_tracker.records import Lineage, TrackerArtifact, TrackerMetric
 from async_tracker.store.reader import RunReader, Scalars, ScalarsRead
@@ -78,8 +78,24 @@ class FsspecRunReader(RunReader):
                 if names is None or name in names:
                     parts.setdefault(name, []).append(part)
         joined = {name: _joined(group) for name, group in parts.items()}
-        release_memory()
         return ScalarsRead({n: c for n, c in joined.items() if len(c)}, read.cursor, read.reset)
+
+    async def overview(
+        self, run_id: str, names: Collection[str] | None = None
+    ) -> dict[str, Scalars] | None:
+        """The compacted files' overviews (``overview/``), the small files themselves; None
+        while the run has files that are not compacted (see
+        FsspecReader.overview_segments)."""
+        parts = await self.store.overview_segments(run_id, _scalars, names)
+        if parts is None:
+            return None
+        grouped: dict[str, list[Scalars]] = {}
+        for curves in parts:
+            for name, part in curves.items():
+                if len(part) and (names is None or name in names):
+                    grouped.setdefault(name, []).append(part)
+        joined = {name: _joined(group) for name, group in grouped.items()}
+        return joined
 
     async def status(self, run_id: str) -> tuple[str, float | None]:
         return await self.store.run_status(run_id)

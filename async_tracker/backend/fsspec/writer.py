@@ -38,7 +38,7 @@ import os
 import posixpath
 import socket
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 import anyio
@@ -58,6 +58,7 @@ from async_tracker.backend.fsspec.layout import (
     METADATA_DIR,
     METRIC_CODEC,
     METRICS_DIR,
+    OVERVIEW_DIR,
     PARENTS_DIR,
     SOURCES_DIR,
     STATUS_DIR,
@@ -587,7 +588,7 @@ class FsspecWriter:
                 inputs_of,
                 is_compacted,
             )
-            from async_tracker.backend.fsspec.parquet import SegmentError, compact
+            from async_tracker.backend.fsspec.parquet import SegmentError, compact, overview
 
         mine = [n for n in listed if compactable(n, writer)]
         if len(mine) < 2:
@@ -647,8 +648,37 @@ class FsspecWriter:
             # (not what a compacted file left out covers: it was not read whole).
             gone = [n for n in data if n in covered and n != name]
             await self._storage.rm_many([posixpath.join(directory, n) for n in gone])
+            await self._write_overview(run_id, name, compacted, overview, SegmentError)
+            # The overviews of the compacted files it replaced (theirs alone had any).
+            await self._storage.rm_many(
+                [self._path(run_id, OVERVIEW_DIR, n) for n in gone if is_compacted(n)]
+            )
             return True
         return False
+
+    async def _write_overview(
+        self,
+        run_id: str,
+        name: str,
+        data: bytes,
+        make: Callable[[bytes], bytes | None],
+        errors: type[Exception],
+    ) -> None:
+        """Writes the overview of the compacted file ``name`` (``data``) where it is big
+        enough to have one (``make``: parquet.overview). A chart of the whole run reads it
+        instead of every point; without it a chart reads the points, so a failure here is
+        logged and loses nothing."""
+        try:
+            view = await run_blocking(make, data, endpoint=self._storage.endpoint)
+            if view is not None:
+                await self._storage.put(
+                    self._path(run_id, OVERVIEW_DIR, name), view, self._path(run_id, TMP_DIR)
+                )
+        except (BackendError, OSError, errors) as exc:
+            logger.warning(
+                "async_tracker: no overview of %s of run %r (charts read its points): %s",
+                name, run_id, exc,
+            )  # fmt: skip
 
     async def add_metadata(self, run_id: str, **kwargs: object) -> None:
         await self._direct_tally(run_id)

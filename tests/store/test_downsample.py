@@ -8,14 +8,11 @@ import math
 import pytest
 
 np = pytest.importorskip("numpy")
-pytest.importorskip("starlette")
 
 from hypothesis import given  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-from async_tracker.ui.downsample import MAX_WIDTH, max_points, min_max, window  # noqa: E402
-
-pytestmark = pytest.mark.server
+from async_tracker.store.downsample import MAX_WIDTH, max_points, min_max, window  # noqa: E402
 
 values = st.one_of(
     st.floats(allow_nan=False, allow_infinity=False, width=64), st.just(float("nan"))
