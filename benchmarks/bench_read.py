@@ -68,7 +68,6 @@ import itertools
 import json
 import os
 import platform
-import secrets
 import shutil
 import signal
 import socket
@@ -296,9 +295,11 @@ class MlflowServer:
 
 
 def _token() -> str:
-    # A writer token of the shape the fsspec backend gives each process (hex): the summary
-    # file of each run this process writes is named by it.
-    return f"{secrets.token_hex(4)}{os.getpid():x}"
+    # A pipeline's writer token, as a run's pipeline makes it: the backend knows its batches
+    # by it (a run's end compacts that writer's segments, as a real run's close does).
+    from async_tracker.spool.store import new_token
+
+    return new_token()
 
 
 def child_write_runs(
