@@ -17,11 +17,13 @@ from async_tracker.errors import (
 __all__ = ["MLFLOW_TABLE", "AmbiguousRunError", "is_record_refusal", "map_error"]
 
 
-class AmbiguousRunError(TrackerConfigError, BackendUnavailableError):
+class AmbiguousRunError(TrackerConfigError, BackendUnavailableError, RuntimeError):
     """Several MLflow runs of the experiment are named after one run id, and none is ours:
     which one to write to is the user's choice. A :class:`TrackerConfigError` (and so a
-    ``ValueError``) for a caller; for a lane, a failure of the backend that keeps the records
-    until the duplicates are gone."""
+    ``ValueError``) for a caller, and a ``RuntimeError`` as torchx's ``MLflowTracker``
+    raises for the same case (an ``except RuntimeError:`` written for it still catches it);
+    for a lane, a failure of the backend that keeps the records until the duplicates are
+    gone."""
 
 
 # INVALID_PARAMETER_VALUE is about the entries of the request when its message says so (paths
