@@ -6,11 +6,19 @@ TensorBoard backend (points keep their steps and client timestamps), then ended 
 the store recorded, so that ``tensorboard --logdir DIR`` shows the same curves, params and
 ending.
 
+``export tensorboard`` replaces each run's folder under ``--out``: exporting again gives the
+same event files' content, never doubled points.
+
 ``export csv``: long format, one row per point (``run,name,step,value,time``), a header row
 first; runs in the order given, each run's metrics by name (or in ``--metrics`` order), each
-metric's points in step order. Values and times are written with ``repr``: a float64 reads
-back exact, and NaN and infinities are ``nan``, ``inf`` and ``-inf`` (what ``float()`` and
-pandas read). Times are seconds since the epoch.
+metric's points in step order. Values and times are written as Python writes a float
+(``repr``): a float64 reads back exact, and NaN and infinities are ``nan``, ``inf`` and
+``-inf`` (what ``float()`` and pandas read). Times are seconds since the epoch. Text cells
+(the header, run ids, metric names) are always quoted, numbers never: a name holding a comma,
+a quote, a line feed or a carriage return reads back as it is (the csv module quotes only
+the characters of its line terminator otherwise, and a lone carriage return split rows).
+``--spreadsheet-safe`` puts a ``'`` before a text cell that a spreadsheet would take for a
+formula (one starting with ``=``, ``+``, ``-``, ``@``, a tab or a carriage return).
 """
 
 from __future__ import annotations
@@ -70,6 +78,9 @@ def cmd_export_tensorboard(args: argparse.Namespace) -> int:
     loop = runtime().loop
     exported = []
     for run_id, batch, ended in runs:
+        # The run's folder replaced, not added to: a second export of the same run into
+        # the same folder would otherwise add a second event file of every point.
+        loop.call(writer.delete_run, run_id)
         status, end_time = ended
         # A run still going gets no ending it did not have; nor does a crashed one (it never
         # ended: TensorBoard's reader knows only the endings a run records). An ending goes
@@ -105,12 +116,26 @@ def metric_names(option: str | None) -> list[str] | None:
 
 
 def csv_rows(
-    run_id: str, curves: dict[str, Sequence[TrackerMetric]], names: Sequence[str] | None
-) -> Iterator[tuple[str, str, int, str, str]]:
+    run_id: str,
+    curves: dict[str, Sequence[TrackerMetric]],
+    names: Sequence[str] | None,
+    spreadsheet_safe: bool = False,
+) -> Iterator[tuple[str, str, int, float, float]]:
+    run = _safe(run_id) if spreadsheet_safe else run_id
     for name in sorted(curves) if names is None else names:
+        cell = _safe(name) if spreadsheet_safe else name
         # Stable: points of one step keep the order the store gave (the order logged).
         for p in sorted(curves.get(name, ()), key=lambda p: p.step):
-            yield run_id, name, p.step, repr(float(p.value)), repr(float(p.timestamp))
+            yield run, cell, p.step, float(p.value), float(p.timestamp)
+
+
+# What a spreadsheet takes a text cell for a formula by (OWASP's list for CSV injection).
+FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
+
+
+def _safe(text: str) -> str:
+    """``text`` as a spreadsheet shows it as text: a ``'`` before a formula's first character."""
+    return "'" + text if text.startswith(FORMULA_STARTS) else text
 
 
 @contextlib.contextmanager
@@ -135,10 +160,12 @@ def cmd_export_csv(args: argparse.Namespace) -> int:
     exported = []
     # A file that cannot be written is an OSError: main says so, with exit code 1.
     with _output(args.out) as f:
-        writer = csv.writer(f, lineterminator="\n")
+        # Text quoted, numbers not (floats written as repr writes them: exact): see the
+        # module's docstring for why not the csv module's minimal quoting.
+        writer = csv.writer(f, lineterminator="\n", quoting=csv.QUOTE_NONNUMERIC)
         writer.writerow(CSV_HEADER)
         for run_id, curves in runs:
-            rows = list(csv_rows(run_id, curves, names))
+            rows = list(csv_rows(run_id, curves, names, args.spreadsheet_safe))
             writer.writerows(rows)
             exported.append({"run_id": run_id, "points": len(rows)})
     if args.out == "-":
@@ -173,11 +200,19 @@ def register(
         help="write the metric points of runs as one CSV table",
         description="Writes every metric point of the runs as CSV, one row per point: "
         "run,name,step,value,time (time in seconds since the epoch; NaN and infinities as "
-        "nan, inf, -inf). Runs come in the order given, points in step order.",
+        "nan, inf, -inf). Runs come in the order given, points in step order. Text cells are "
+        "quoted, numbers not.",
     )
     csv_p.add_argument("RUN_ID", nargs="+", help="runs to export (ids or unique prefixes)")
     csv_p.add_argument("--out", required=True, metavar="FILE", help="the CSV file ('-': stdout)")
     csv_p.add_argument(
         "--metrics", metavar="NAME,...", help="only these metrics, in this order (default: all)"
+    )
+    csv_p.add_argument(
+        "--spreadsheet-safe",
+        action="store_true",
+        help="put a ' before a run id or metric name starting with =, +, -, @, a tab or a "
+        "carriage return, so that a spreadsheet shows it as text, not a formula (the cell "
+        "then differs from the name)",
     )
     csv_p.set_defaults(func=cmd_export_csv)

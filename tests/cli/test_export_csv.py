@@ -88,3 +88,50 @@ def test_metrics_option_and_stdout(tmp_path: Path, capsys: pytest.CaptureFixture
     }
     assert main(["--store", url, "export", "csv", A, "--out", "-", "--metrics", ","]) == 2
     assert "--metrics: no metric name" in capsys.readouterr().err
+
+
+# Names a CSV writer must quote: each character the format gives meaning to, and the
+# carriage return that the csv module leaves unquoted with a "\n" line terminator.
+ODD_NAMES = ["a\rb", "c\nd", "e,f", 'g"h', "i\r\nj", " k ", "=SUM(A1)", "-x", "@y", "+z"]
+
+
+def write_odd(url: str) -> None:
+    with AppRun("proj/=odd,\r", [open_store(url)]) as run:
+        for i, name in enumerate(ODD_NAMES):
+            run.log_metric(name, float(i), step=i)
+
+
+def test_every_character_round_trips_through_csv_and_pandas(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    url = str(tmp_path / "runs")
+    write_odd(url)
+    out = tmp_path / "odd.csv"
+    assert main(["--store", url, "export", "csv", "proj/=odd", "--out", str(out)]) == 0
+    assert capsys.readouterr().out.endswith(f"written: {out}\n")
+    with open(out, newline="", encoding="utf-8") as f:
+        rows = list(csv.reader(f))
+    assert len(rows) == 1 + len(ODD_NAMES)  # no row split, none lost
+    body = rows[1:]
+    assert {r[1]: float(r[3]) for r in body} == {n: float(i) for i, n in enumerate(ODD_NAMES)}
+    assert {r[0] for r in body} == {"proj/=odd,\r"}
+    pandas = pytest.importorskip("pandas")
+    frame = pandas.read_csv(out, keep_default_na=False)
+    assert len(frame) == len(ODD_NAMES)
+    assert sorted(frame["name"]) == sorted(ODD_NAMES)
+    assert frame["step"].dtype.kind == "i" and frame["value"].dtype.kind == "f"
+
+
+def test_spreadsheet_safe_makes_formula_cells_text(tmp_path: Path) -> None:
+    url = str(tmp_path / "runs")
+    write_odd(url)
+    out = tmp_path / "safe.csv"
+    args = ["--store", url, "export", "csv", "proj/=odd", "--out", str(out), "--spreadsheet-safe"]
+    assert main(args) == 0
+    with open(out, newline="", encoding="utf-8") as f:
+        body = list(csv.reader(f))[1:]
+    assert {r[0] for r in body} == {"proj/=odd,\r"}  # its first character is no formula's
+    names = {r[1] for r in body}
+    assert names == {"'" + n if n[0] in "=+-@" else n for n in ODD_NAMES}
+    # Negative numbers are numbers, not formulas: left as they are.
+    assert all(not r[3].startswith("'") for r in body)

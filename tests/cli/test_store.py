@@ -145,6 +145,21 @@ def test_export_tensorboard(url: str, tmp_path: Path, capsys: pytest.CaptureFixt
     assert ended == [open_reader(url).status(r) for r in (ALPHA, FAILED)]  # and when
 
 
+def test_export_tensorboard_again_replaces_the_runs_never_doubles_them(
+    url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    pytest.importorskip("tensorboard")
+    tensorboard = pytest.importorskip("async_tracker.backend.tensorboard")
+    write_runs(url)
+    out = tmp_path / "tb"
+    for _ in range(2):
+        run_json(capsys, "--store", url, "export", "tensorboard", ALPHA, "--out", str(out))
+    store = as_sync(open_store(url))
+    board = tensorboard.TensorBoardTracker(out)
+    assert board.metrics(ALPHA) == store.metrics(ALPHA)  # each point once
+    assert open_reader(board).status(ALPHA) == open_reader(url).status(ALPHA)
+
+
 def test_export_without_the_tensorboard_extra(tmp_path: Path) -> None:
     write_runs(str(tmp_path / "runs"))
     # A None entry makes `import tensorboard` raise ImportError, as when it is not installed.
