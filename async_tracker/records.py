@@ -269,8 +269,13 @@ def shown(value: object) -> str:
 
 
 def check_name(value: object, what: str) -> str:
+    """``value`` as a plain ``str``. A subclass of str is copied into one: what it overrides
+    (a ``__repr__`` that raises, an ``__eq__`` or ``__hash__`` of its own) must reach neither
+    the error messages that name the key nor the records and backends that key by it."""
     if not isinstance(value, str):
         raise TypeError(f"{what} must be a str, got {type(value).__name__}: {shown(value)}")
+    if type(value) is not str:
+        value = str.__str__(value)
     if not value:
         raise ValueError(f"{what} must not be empty")
     return value
@@ -476,8 +481,8 @@ def check_metadata(kwargs: Mapping[str, object]) -> dict[str, object]:
     ``async_tracker.`` are refused: they are the package's own (a run's tags and note, see
     :mod:`async_tracker.tags`), and a user's write would change them behind its back."""
     out: dict[str, object] = {}
-    for k, v in kwargs.items():
-        check_name(k, "metadata key")
+    for key, v in kwargs.items():
+        k = check_name(key, "metadata key")
         if is_reserved_key(k):
             raise ValueError(
                 f"metadata key {k!r}: keys starting with {RESERVED_KEY_PREFIX!r} are reserved "

@@ -167,6 +167,13 @@ class RaisingRepr:
         raise TypeError("not an index")
 
 
+class RaisingReprName(str):
+    """A str whose repr raises (a proxy, a lazy string of some config library)."""
+
+    def __repr__(self) -> str:
+        raise RuntimeError("no repr")
+
+
 def _nested(depth: int) -> dict[str, object]:
     top: dict[str, object] = {}
     inner = top
@@ -218,8 +225,16 @@ def test_a_longdouble_is_its_float_and_a_config_at_the_depth_bound_is_kept(
         (lambda r: r.log_metrics({"loss": 1.0}, step=RaisingRepr()), TypeError, "'loss'"),  # type: ignore[arg-type]
         (lambda r: r.log_metric("loss", np.clongdouble(1 + 1j), 1), TypeError, "'loss'"),
         (lambda r: r.log_metric("loss", np.array([1 + 1j]), 1), TypeError, "'loss'"),
+        # A str whose repr raises: the error names the key, as its str value.
+        (lambda r: r.log_metric(RaisingReprName("loss"), "x", 1), TypeError, "'loss'"),
+        (lambda r: r.log_metric(RaisingReprName("loss"), 1.0, "s"), TypeError, "'loss'"),  # type: ignore[arg-type]
+        (lambda r: r.log_metrics({RaisingReprName("loss"): "x"}, 1), TypeError, "'loss'"),
+        (lambda r: r.add_metadata(**{RaisingReprName("cfg"): object()}), TypeError, "'cfg'"),
+        (lambda r: r.add_artifact(RaisingReprName("ckpt"), 5), TypeError, "'ckpt'"),  # type: ignore[arg-type]
     ],
-    ids=["name-repr-raises", "step-repr-raises", "steps-repr-raises", "complex", "complex-array"],
+    ids=["name-repr-raises", "step-repr-raises", "steps-repr-raises", "complex", "complex-array",
+         "str-name-repr-raises-value", "str-name-repr-raises-step", "str-names-repr-raises",
+         "str-metadata-key-repr-raises", "str-artifact-name-repr-raises"],
 )
 def test_metric_names_steps_and_values_that_fight_back_get_a_clear_error(
     make_run: MakeRun, call: Callable[[AppRun], None], error: type[Exception], key: str
