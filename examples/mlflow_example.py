@@ -2,14 +2,16 @@
 
 Run it from the repository root (needs the mlflow extra):
 
-    pip install -e '.[mlflow]' && python examples/mlflow_example.py [--dir tracker_runs]
+    pip install -e '.[mlflow]' && python examples/mlflow_example.py [--dir mlflow_example]
 
-It starts `mlflow server` on 127.0.0.1 with a SQLite store under --dir, writes the
+It starts `mlflow server` on 127.0.0.1 with a SQLite store under --dir (its own folder, not the
+package's default store `tracker_runs`, whose commands would take it for a foreign run), writes the
 `[tracker:mlflow]` section a torchx job would use, logs the job's config as MLflow params and
 its metrics and a checkpoint file through an AppRun (the loop never waits for the server; the
 file is uploaded to the run's artifacts), ends the run FINISHED as the run closes, reads it
-back with MLflow's own client, and stops the server. Against a real server, the
-config's tracking_uri is all that changes.
+back with MLflow's own client, and stops the server; then it prints the command that serves
+that store again, to see the run in MLflow's UI. Against a real server, the config's
+tracking_uri is all that changes.
 """
 
 from __future__ import annotations
@@ -91,7 +93,7 @@ def mlflow_server(store: Path) -> Iterator[str]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--dir", default="tracker_runs", help="server store and config")
+    parser.add_argument("--dir", default="mlflow_example", help="server store and config")
     parser.add_argument("--steps", type=int, default=2000)
     args = parser.parse_args()
     root = Path(args.dir).resolve()
@@ -130,7 +132,14 @@ def main() -> None:
         print(f"  artifacts: {list(tracker.artifacts(run_id))}")
         uploaded = client.list_artifacts(mlrun.info.run_id, "checkpoint")
         print(f"  uploaded: {[f.path for f in uploaded]}")
-        print(f"  UI: {url}/#/experiments/{mlrun.info.experiment_id}/runs/{mlrun.info.run_id}")
+        page = f"#/experiments/{mlrun.info.experiment_id}/runs/{mlrun.info.run_id}"
+    # The server stops with this script: its URL would be dead. The same store, served again:
+    store = root / "mlflow-server"
+    print(
+        "see it in MLflow's UI: mlflow server --backend-store-uri "
+        f"sqlite:///{store / 'mlflow.db'} --default-artifact-root {store / 'artifacts'} "
+        f"--port 5000, then open http://127.0.0.1:5000/{page}"
+    )
 
 
 if __name__ == "__main__":

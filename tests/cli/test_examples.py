@@ -69,7 +69,16 @@ def test_mlflow_example(isolated: Path) -> None:
     # Written with the MLflow backend; it starts its own local server and reads the run back
     # with MLflow's own client: what it prints is what the server holds.
     pytest.importorskip("mlflow")
-    out = run_example("mlflow_example.py", "--dir", "runs", "--steps", "300", cwd=isolated)
+    # Its default --dir: the commands of the package's default store, run afterwards in the
+    # same folder, find nothing of it to warn about.
+    out = run_example("mlflow_example.py", "--steps", "300", cwd=isolated)
+    assert not (isolated / "tracker_runs").exists()
+    listed = cli("list", "jobs")
+    assert listed.returncode == 0 and "mlflow" not in listed.stderr, listed.stderr
+    # No link to the server that stopped with the script: how to serve its store again.
+    assert "http://127.0.0.1:5000/#/experiments/" in out and "UI: http" not in out
+    db = isolated / "mlflow_example" / "mlflow-server" / "mlflow.db"
+    assert f"mlflow server --backend-store-uri sqlite:///{db}" in out
     report = out.split(": FlushReport(", 1)[1]
     assert report.startswith("delivered=602, pending=0, spooled=0, dropped=0"), out  # 2x300+2
     assert "(local://examples/mlflow-" in out and "): FINISHED" in out
