@@ -26,6 +26,7 @@ the child's runs). ``multiprocessing``'s own after-fork hook registers the child
 from __future__ import annotations
 
 import atexit
+import concurrent.futures
 import functools
 import importlib
 import logging
@@ -37,7 +38,7 @@ import sys
 import threading
 import time
 import weakref
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from types import FrameType
 from typing import Any, Protocol, TypeVar
 
@@ -110,6 +111,11 @@ class Runtime:
         self._previous_sigterm: Any = None
         # The end of the first SIGTERM's grace (time.monotonic()): no close ends later.
         self._sigterm_deadline = math.inf
+        # Work that no caller waits for (see background), each with the time.monotonic()
+        # the exit waits for it until. An entry leaves when its work ends (a done callback,
+        # on the loop's thread): dict operations are atomic under the GIL, and the exit
+        # hook goes through a copy.
+        self._background: dict[concurrent.futures.Future[Any], float] = {}
 
     # -- the process's threads, started on first use -----------------------------------------
     @property
@@ -163,6 +169,26 @@ class Runtime:
                     self._flusher = Flusher(loop)
                 flusher = self._flusher
         return flusher
+
+    def background(
+        self, fn: Callable[..., Awaitable[T]], *args: Any, within_s: float
+    ) -> concurrent.futures.Future[T]:
+        """Starts ``fn(*args)`` on the tracker loop for no caller to wait for (a reader's
+        compaction after its read), ``fn`` ending within ``within_s`` seconds by itself.
+        The process's exit waits for it until then: it may be running pyarrow in a worker
+        thread, and a process that exits under a thread in native code can abort."""
+        future = self.loop.submit(fn, *args)
+        self._background[future] = time.monotonic() + within_s
+        future.add_done_callback(self._background_ended)
+        return future
+
+    def _background_ended(self, future: concurrent.futures.Future[Any]) -> None:
+        self._background.pop(future, None)
+
+    def wait_background(self) -> None:
+        """Waits for the work :meth:`background` started, each until its bound."""
+        for future, deadline in list(self._background.items()):
+            concurrent.futures.wait([future], max(0.0, deadline - time.monotonic()))
 
     # -- the runs ------------------------------------------------------------------------------
     def register(self, run: Run) -> None:
@@ -335,7 +361,9 @@ def _on_sigterm(signum: int, frame: FrameType | None) -> None:
 
 
 def _close_all_at_exit() -> None:
-    runtime().close_all()
+    current = runtime()
+    current.close_all()
+    current.wait_background()
 
 
 # -- the one fork registration ---------------------------------------------------------------

@@ -4,8 +4,9 @@ the dashboard ask of a store, and nothing else.
 Modelled on TensorBoard's data provider: a narrow set of coroutines a backend implements
 once, natively (the fsspec store: its summaries, its segments read incrementally) or not at
 all (a backend that only has the tracker API gets :class:`GenericReader`, built on its
-``metrics()``, ``metadata()`` and ``run_ids()``). Readers never write a run and never touch a
-spool.
+``metrics()``, ``metadata()`` and ``run_ids()``). Readers never add to a run and never touch
+a spool (the fsspec store's reader may compact the metric files of a writer no longer live:
+the same points, in fewer files).
 
 For backend authors: subclass :class:`RunReader`, implement the abstract coroutines, and
 return an instance from your backend's ``reader()`` method (see :class:`ProvidesReader`).

@@ -29,8 +29,9 @@ write-ahead line) uses it as the tag: ``metadata/<key>-<n>-<digest>`` and
 ``metrics/<key>-<digest of what the segment holds>.parquet``, so that a retry, or a replay by
 another process after a crash, overwrites instead of duplicating. A batch without a key gets a
 tag at its first attempt and keeps it for its retries (``Batch.names``). Metric segments are
-Apache Parquet (``parquet.py``), compacted into one file per writer when its run ends
-(``<first key>-compact-<digest>.parquet``; see ``metricfiles.py``); JSON Lines segments
+Apache Parquet (``parquet.py``), compacted into one file per writer when its run ends, or by
+a reader once the writer is no longer live (``<first key>-compact-<digest>.parquet``; see
+``metricfiles.py`` and ``readcompact.py``); JSON Lines segments
 (``.jsonl``: older versions, and batches whose steps do not fit int64) are read too.
 
 Everything here is names and paths: no I/O. ``writer.py`` writes this layout, ``reader.py``

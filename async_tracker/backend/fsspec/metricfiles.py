@@ -5,7 +5,8 @@ Files in ``metrics/`` (see ``layout.py``; the schema is in ``parquet.py``)::
 
     <batch key>-<digest>.parquet          one segment per flush of a batch
     <time>-<token>-<n>.parquet            one segment per direct add_metrics call
-    <first key>-compact-<digest>.parquet  a writer's segments, compacted when its run ended
+    <first key>-compact-<digest>.parquet  a writer's segments, compacted when its run ended,
+                                          or by a reader once the writer was no longer live
     *.jsonl                               JSON Lines segments: older versions, and a batch
                                           whose steps do not fit int64
 
@@ -13,9 +14,10 @@ A batch segment's digest describes what it holds (:func:`segment_digest`): a rep
 batch writes the same name (and overwrites), the parts of a batch split by the lane have
 names of their own (their keys differ, and so do their points).
 
-Compaction (see ``FsspecWriter``): a compacted file records its inputs, every file its rows
-came from, transitively, in its Parquet key-value metadata (:data:`INPUTS_KEY`: a JSON list
-of names). It is written whole before any input is removed, so a reader may meet both:
+Compaction (see ``FsspecWriter``, and ``readcompact.py`` for readers): a compacted file
+records its inputs, every file its rows came from, transitively, in its Parquet key-value
+metadata (:data:`INPUTS_KEY`: a JSON list of names). It is written whole before any input is
+removed, so a reader may meet both:
 
 * a file named as an input by a compacted file that is present and readable is *covered*:
   a reader skips it, its rows being in the compacted file (a crash between the write of the
@@ -70,8 +72,14 @@ def compactable(name: str, writer: str) -> bool:
     """Whether ``name`` is one of ``writer``'s files that its compaction may take: a
     segment of one of its batches, or a compacted file of its (not a direct call's, whose
     name carries the process's token, nor another writer's)."""
+    return compacting_writer(name) == writer
+
+
+def compacting_writer(name: str) -> str | None:
+    """The writer whose compaction takes the file ``name`` (see :func:`compactable`), or
+    None for a file no compaction takes (a direct call's, a JSON segment, a foreign file)."""
     found = _BATCH_SEGMENT.fullmatch(name) or _COMPACTED.fullmatch(name)
-    return found is not None and _token(found.group(1)) == writer
+    return None if found is None else _token(found.group(1))
 
 
 def row_writer(writer: str, key: str) -> str:
@@ -243,6 +251,7 @@ __all__ = [
     "Seen",
     "compactable",
     "compacted_name",
+    "compacting_writer",
     "filtered",
     "inputs_metadata",
     "inputs_of",

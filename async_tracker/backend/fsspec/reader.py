@@ -86,13 +86,15 @@ _METRIC = itertools.repeat(TrackerMetric)
 class MetricSegments(Generic[_Parsed]):
     """What :meth:`FsspecReader.metric_segments` returns: each file read, by name, in name
     order (which is write order), with what the caller made of it; the cursor to pass
-    next time; and whether ``segments`` holds every live file (``reset``: the first read,
+    next time; whether ``segments`` holds every live file (``reset``: the first read,
     or files read before are no longer live, compacted meanwhile) or only those after the
-    cursor."""
+    cursor; and the names the folder held as this read found it (``listed``: what a reader
+    that compacts after its read goes by, see ``readcompact.py``)."""
 
     segments: list[tuple[str, _Parsed]]
     cursor: MetricsCursor
     reset: bool
+    listed: frozenset[str] = frozenset()
 
 
 def points_of(columns: Mapping[str, Columns]) -> dict[str, list[TrackerMetric]]:
@@ -104,6 +106,20 @@ def points_of(columns: Mapping[str, Columns]) -> dict[str, list[TrackerMetric]]:
                    col.times.tolist())  # fmt: skip
         out[name] = list(map(tuple.__new__, _METRIC, rows))
     return out
+
+
+def merged_points(
+    read: MetricSegments[dict[str, list[TrackerMetric]]],
+) -> dict[str, list[TrackerMetric]]:
+    """The points of a read's segments (made by :func:`points_of` and ``_parse_segment``),
+    each metric's sorted by step, then time, then write order (see
+    :meth:`FsspecReader.metrics`)."""
+    points: dict[str, list[TrackerMetric]] = {}
+    for _, segment in read.segments:
+        for metric, seg_points in segment.items():
+            points.setdefault(metric, []).extend(seg_points)
+    # A stable sort: points of one step and time keep write order.
+    return {name: sort_points(p) for name, p in points.items()}
 
 
 class FsspecReader:
@@ -293,13 +309,12 @@ class FsspecReader:
         by its batch before any write, so a retry or a replay of the batch overwrites its
         own segment and never adds one; two points alike (a step, a clock tick, a value)
         are two writes."""
-        read = await self.metric_segments(run_id, _parse_segment, points_of)
-        points: dict[str, list[TrackerMetric]] = {}
-        for _, segment in read.segments:
-            for metric, seg_points in segment.items():
-                points.setdefault(metric, []).extend(seg_points)
-        # A stable sort: points of one step and time keep write order.
-        return {name: sort_points(p) for name, p in points.items()}
+        return merged_points(await self.metric_points(run_id))
+
+    async def metric_points(self, run_id: str) -> MetricSegments[dict[str, list[TrackerMetric]]]:
+        """The run's live metric files, each read as points by name: what :meth:`metrics`
+        merges (:func:`merged_points`)."""
+        return await self.metric_segments(run_id, _parse_segment, points_of)
 
     async def metric_segments(
         self,
@@ -487,7 +502,7 @@ class FsspecReader:
             inputs={n: i for n, i in inputs.items() if n in listed and n not in unreadable},
             unreadable=frozenset(unreadable & listed),
         )
-        return MetricSegments(segments, cursor, reset), bool(gone)
+        return MetricSegments(segments, cursor, reset, frozenset(listed)), bool(gone)
 
     async def overview_segments(
         self,

@@ -2,11 +2,14 @@
 run list from the run index (``index.py``: its checkpoint and the summaries written since,
 cached by version between listings), a run's scalars from the metric files not read yet (files are
 immutable once written, so a cursor is the set of files read, and what the compacted ones
-among them cover: see ``metricfiles.py``)."""
+among them cover: see ``metricfiles.py``). A read of a run's metrics may start, beside it,
+the compaction of what writers no longer live left uncompacted (``readcompact.py``); a
+listing of runs never does."""
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping, Sequence
+import time
+from collections.abc import Callable, Collection, Mapping, Sequence
 
 import numpy as np
 
@@ -15,7 +18,8 @@ from async_tracker.backend.fsspec.cache import SummaryFileCache
 from async_tracker.backend.fsspec.columns import parse_segment, times_array
 from async_tracker.backend.fsspec.metricfiles import MetricsCursor
 from async_tracker.backend.fsspec.parquet import Columns
-from async_tracker.backend.fsspec.reader import FsspecReader
+from async_tracker.backend.fsspec.readcompact import ReaderCompactions
+from async_tracker.backend.fsspec.reader import FsspecReader, merged_points
 from async_tracker.records import Lineage, TrackerArtifact, TrackerMetric
 from async_tracker.store.reader import RunReader, Scalars, ScalarsRead
 from async_tracker.store.summary import RunSummary
@@ -23,14 +27,19 @@ from async_tracker.store.summary import RunSummary
 
 class FsspecRunReader(RunReader):
     """Reads the runs of one fsspec store (see the module's docstring) through its file
-    reader (:class:`~async_tracker.backend.fsspec.reader.FsspecReader`)."""
+    reader (:class:`~async_tracker.backend.fsspec.reader.FsspecReader`). ``clock``: the
+    wall clock that tells whether a run's writers are live (see ``readcompact.py``)."""
 
-    def __init__(self, files: FsspecReader, label: str) -> None:
+    def __init__(
+        self, files: FsspecReader, label: str, *, clock: Callable[[], float] = time.time
+    ) -> None:
         self.store = files
         self.label = label
         # Kept across listings of this reader: a summary file unchanged since (its version:
         # inode, size, mtime; an object's ETag) is not read again.
         self._cache = SummaryFileCache()
+        # What this reader compacts after its reads of metrics, and what it remembers of it.
+        self.compactions = ReaderCompactions(files, clock)
 
     def __repr__(self) -> str:
         return f"FsspecRunReader({self.store!r})"
@@ -56,7 +65,9 @@ class FsspecRunReader(RunReader):
         return await self.store.lineage(run_id)
 
     async def metrics(self, run_id: str) -> Mapping[str, Sequence[TrackerMetric]]:
-        return await self.store.metrics(run_id)
+        read = await self.store.metric_points(run_id)
+        self.compactions.after_read(run_id, read)
+        return merged_points(read)
 
     async def scalars(
         self,
@@ -72,6 +83,7 @@ class FsspecRunReader(RunReader):
         read = await self.store.metric_segments(
             run_id, _json_scalars, _scalars, since=cursor, names=names
         )
+        self.compactions.after_read(run_id, read)
         parts: dict[str, list[Scalars]] = {}
         for _, curves in read.segments:
             for name, part in curves.items():

@@ -568,6 +568,11 @@ class FsspecWriter:
             )  # fmt: skip
         return False
 
+    async def compact(self, run_id: str, writer: str) -> bool:
+        """:meth:`compact_segments` without its bound and its logging, raising what fails:
+        what readers call (``readcompact.py``), which bound and report it their own way."""
+        return await self._compact(run_id, writer)
+
     async def _compact(self, run_id: str, writer: str) -> bool:
         directory = self._path(run_id, METRICS_DIR)
         try:
