@@ -44,6 +44,7 @@ from async_tracker.errors import DeliveryError, TrackerClosedError
 from async_tracker.factory import (
     ENV_TORCHX_JOB_ID,
     ENV_TORCHX_PARENT_RUN_ID,
+    ENV_TORCHX_TRACKERS,
     UNDEFINED_JOB_ID,
     build_named_trackers,
     factories_from_environ,
@@ -140,20 +141,30 @@ _DISCARD = _Discard()
 
 
 class _Nowhere(_Discard):
-    """The first write of the environment's run without a job id: warns once, then discards
-    (this write and every later one)."""
+    """The first write of the environment's run without a job id, or without a tracker:
+    warns once, then discards (this write and every later one)."""
 
     def __init__(self, run: AppRun) -> None:
         self._run = run
 
     def append(self, record: Record) -> None:
         self._run._sink = _DISCARD
+        if self._run.id == UNDEFINED_JOB_ID:
+            logger.warning(
+                "async_tracker: AppRun.run_from_env() has no %s, so its writes are not "
+                "recorded; set it (torchx does), or use async_tracker.init(project) for a run "
+                "in ./tracker_runs",
+                ENV_TORCHX_JOB_ID,
+            )
+            return
         logger.warning(
-            "async_tracker: AppRun.run_from_env() has no %s, so its writes are not recorded; "
-            "set it (torchx does), or use async_tracker.init(project) for a run in "
-            "./tracker_runs",
-            ENV_TORCHX_JOB_ID,
-        )
+            "async_tracker: %s is set (%s) but no tracker is configured, so "
+            "AppRun.run_from_env()'s writes are not recorded (as in torchx); set %s (and "
+            "TORCHX_TRACKER_<NAME>_CONFIG), or [torchx:tracker] in .torchxconfig where the job "
+            "is launched (torchx run, async-tracker run), or use async_tracker.init(project) "
+            "for a run in ./tracker_runs",
+            ENV_TORCHX_JOB_ID, self._run.id, ENV_TORCHX_TRACKERS,
+        )  # fmt: skip
 
     def extend(self, records: list[Record]) -> None:
         self.append(())
@@ -358,7 +369,8 @@ class AppRun:
 
         ``TORCHX_JOB_ID`` is the run id (default ``<UNDEFINED>``, whose writes go nowhere),
         ``TORCHX_TRACKERS`` and ``TORCHX_TRACKER_<NAME>_CONFIG`` name and configure the
-        backends, ``TORCHX_PARENT_RUN_ID`` becomes a source of the run. Options come from
+        backends (with none, the writes go nowhere too, as in torchx, and the first says so),
+        ``TORCHX_PARENT_RUN_ID`` becomes a source of the run. Options come from
         ``ASYNC_TRACKER_<OPTION>`` variables.
         """
         global _env_run, _env_run_pid
@@ -1070,6 +1082,11 @@ def _build_run_from_env() -> AppRun:
         _backend_names=[n for n, _ in named],
         _owns_backends=True,
     )
+    if not named:
+        # A job with no tracker configured: nothing is recorded, as in torchx (a torchx job
+        # always has a job id, and trackers only when configured), but the first write says
+        # so instead of going nowhere silently.
+        run._sink = _Nowhere(run)
     parent = os.environ.get(ENV_TORCHX_PARENT_RUN_ID)
     if parent:
         logger.info("async_tracker: parent run of %r is %r", job_id, parent)

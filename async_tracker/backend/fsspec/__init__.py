@@ -22,6 +22,7 @@ so are imported at the first write or read of metrics, never with the package.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
@@ -254,6 +255,19 @@ class AsyncFsspecTracker(AsyncTrackerBase):
         """Claims ``run_id`` in one atomic step: True if this call created its claim, False if
         the run was claimed already (see :meth:`FsspecWriter.claim_run`)."""
         return await self._writer.claim_run(run_id, claim)
+
+    async def run_claim(self, run_id: str) -> dict[str, object] | None:
+        """What the claim of ``run_id`` holds (what :meth:`claim_run` was given): None when
+        the run has no claim, ``{}`` when it cannot be read as a JSON object (one being
+        created shows empty for a moment on local and POSIX filesystems)."""
+        data = await self._reader.storage.get(self._reader.path(run_id, CLAIM_FILE))
+        if data is None:
+            return None
+        try:
+            claim = json.loads(data)
+        except ValueError:
+            return {}
+        return claim if isinstance(claim, dict) else {}
 
     async def heartbeat(
         self, run_id: str, interval_s: float, delivery: Mapping[str, object] | None = None
