@@ -53,6 +53,7 @@ from async_tracker.factory import (
     UNDEFINED_JOB_ID,
     AnyTracker,
     build_tracker,
+    factories_from_environ,
 )
 from async_tracker.records import check_name
 from async_tracker.run import AppRun
@@ -213,7 +214,7 @@ def init(
     if store is not None:
         answer, resumed = _start(store, url, project, id, new_id, child, resume, bound, spool_dir)
         id = answer.run_id
-    extra = [build_tracker(b, b, None) if isinstance(b, str) else b for b in backends]
+    extra = [_backend_named(b, project) if isinstance(b, str) else b for b in backends]
     names: list[str] | None = None
     stores: list[AnyTracker] = [store] if store is not None and not from_env else []
     if from_env:
@@ -386,6 +387,21 @@ class _Answer:
     # first is 1) and the run's latest metadata stamp (ns).
     life: int = 1
     stamp_ns: int = 0
+
+
+
+def _backend_named(name: str, project: str) -> AnyTracker:
+    """A backend ``init(backends=[name])`` builds by its factory's name, with no config.
+    The package's own MLflow factory is told the project, so that the runs land in the
+    experiment named by it (not torchx's default, named after the user and host)."""
+    if name == "mlflow" and not factories_from_environ([name]):
+        try:
+            from async_tracker.backend.mlflow import create_tracker
+        except ImportError:
+            pass  # build_tracker says which extra is missing
+        else:
+            return create_tracker(None, project=project)
+    return build_tracker(name, name, None)
 
 
 def _start(
