@@ -3,8 +3,9 @@
 Writes (``add_metadata``, ``add_artifact``, ``add_source``, ``log_metric``, ``log_metrics``)
 check their input, stamp the time and append one tuple to an in-memory buffer: they never
 block, do no I/O and never touch an event loop. The process's tracker loop drains the buffer
-in the background (see :mod:`async_tracker.pipeline`). Reads flush first, so they see the
-caller's own writes.
+in the background (see :mod:`async_tracker.pipeline`). Reads, the run's and its backends'
+own, first wait for this process's pending writes (see :mod:`async_tracker.own_writes`), so
+they see the caller's own writes.
 
 Example::
 
@@ -21,18 +22,20 @@ Example::
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import enum
 import logging
 import os
 import threading
 import time
-from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, SupportsFloat, SupportsIndex, TypeVar
 
 from async_tracker.adapters import TrackerLike, as_async
 from async_tracker.base import (
+    RUN_READS,
     AsyncTrackerBase,
     Checked,
     CloseReason,
@@ -61,7 +64,7 @@ from async_tracker.ingress import (
     wait_for_room,
     wait_for_writers,
 )
-from async_tracker.pipeline.lane import Lane
+from async_tracker.own_writes import settle, store_key
 from async_tracker.pipeline.overflow import HotPath
 from async_tracker.pipeline.run_pipeline import RunPipeline
 from async_tracker.records import (
@@ -80,7 +83,7 @@ from async_tracker.retry import RetryPolicy
 from async_tracker.run_config import RunConfig
 from async_tracker.runtime.loop import wait_future
 from async_tracker.runtime.process import close_reason, runtime
-from async_tracker.settings import CLOSE_SLACK_S, OverflowPolicy, RunOptions
+from async_tracker.settings import CLOSE_SLACK_S, OverflowPolicy, RunOptions, read_timeout
 from async_tracker.spool import check_run_id, default_spool_dir, has_spool
 from async_tracker.system_metrics import SystemMetrics
 from async_tracker.tags import NOTE_KEY, check_note, split_metadata, tag_metadata
@@ -278,6 +281,9 @@ class AppRun:
             **{**base.__dict__, **{k: v for k, v in given.items() if v is not None}}
         )
         self._async_backends = [as_async(b) for b in self.backends]
+        # The store of each backend, as reads name it (see own_writes.py): a read of one of
+        # them waits for this run's writes there.
+        self._stores: list[Hashable] = [store_key(b) for b in self._async_backends]
         self._names = _unique_names(
             list(_backend_names)
             if _backend_names
@@ -627,6 +633,8 @@ class AppRun:
                 # Held until closed: a run dropped without close() still has records to
                 # deliver, and the exit hook must find it.
                 process.hold(self)
+                # Reads of its stores wait for its writes from now until its close is over.
+                process.writers.add(self)
             return self._pipeline
 
     def _set_hot(self, mode: HotPath) -> None:
@@ -715,6 +723,8 @@ class AppRun:
             if future is None:
                 timeout = max(0.0, deadline - time.monotonic())
                 future = self._close_future = loop.submit(pipeline.close, timeout, reason)
+                # Reads wait for a closing run until its close is over, then no more.
+                future.add_done_callback(self._writes_ended)
             else:
                 # A close under way (another thread's, the exit hook's, the one this signal
                 # interrupted): it ends by the earlier deadline. Handed to the loop, which
@@ -888,33 +898,57 @@ class AppRun:
         if not self.closed and self._async_backends:
             self._sink = _FirstWrite(self)
 
-    # -- reads ---------------------------------------------------------------------------------
-    def _reader(self) -> tuple[AsyncTrackerBase, list[Lane]] | None:
-        """The backend reads go to (the first, as in torchx) and its lane, if any."""
-        if not self._async_backends:
-            return None
-        pipeline = self._pipeline
-        lanes = [pipeline.lanes[0]] if pipeline is not None else []
-        return self._async_backends[0], lanes
+    # -- what reads wait for (the process's writers: see own_writes.py) -----------------------
+    def writes_to(self, store: Hashable) -> bool:
+        """Whether one of the run's backends is ``store`` (an :func:`own_writes.store_key`)."""
+        return store in self._stores
 
+    async def settle_writes(self, store: Hashable, timeout: float | None) -> int:
+        """On the tracker loop, for a read of ``store``: waits at most ``timeout`` seconds
+        (None: no bound) until what the run accepted so far has reached ``store``; returns
+        how many of its records have not (in memory, or spooled)."""
+        pipeline = self._pipeline
+        if pipeline is None:  # nothing written (or, in a forked child, nothing of its own)
+            return 0
+        lanes = [lane for lane, s in zip(pipeline.lanes, self._stores) if s == store]
+        future = self._close_future
+        if not self.closed:
+            # Only the lanes of that store: a slow other backend must not delay the read.
+            await pipeline.flush(timeout, lanes)
+        elif future is not None:
+            # Closing: the close delivers (or spools) everything by its own deadline, and
+            # stops the lanes a flush would wait for; wait for it instead. Abandoned, not
+            # cancelled, at the read's deadline; its errors are its caller's to see.
+            with contextlib.suppress(Exception):
+                await wait_future(future, timeout=timeout, cancel=False)
+        backends = pipeline.status().backends
+        return sum(
+            b.buffered + b.in_flight + b.spooled
+            for b in (backends[lane.name] for lane in lanes)
+        )
+
+    def _writes_ended(self, _: object) -> None:
+        # The close's done callback (on the tracker loop, or where the close ended): its
+        # report is made, nothing of the run is on its way any more.
+        runtime().writers.discard(self)
+
+    # -- reads ---------------------------------------------------------------------------------
     async def _read(self, method: str, *args: Any) -> Any:
-        reader = self._reader()
-        assert reader is not None
-        backend, lanes = reader
-        if self._pipeline is not None and not self.closed:
-            # Only the lane we read from: a slow second backend must not delay this read.
-            # Bounded like close(): a hung backend delays a read, never holds it forever
-            # (the read then may miss this process's latest writes).
-            await self._pipeline.flush(self.options.close_timeout, lanes)
+        """``method`` of the first backend (as in torchx), on the tracker loop, once this
+        process's writes there have arrived: this run's, and any other run's of this id (of
+        any id for lineage, whose descendants are other runs)."""
+        backend = self._async_backends[0]
+        run_id = self.id if method in RUN_READS else None
+        await settle(self._stores[0], run_id, read_timeout(), f"run {self.id!r}: {method}()")
         return await getattr(backend, method)(self.id, *args)
 
     def _read_sync(self, method: str, *args: Any) -> Any:
-        if self._reader() is None:
+        if not self._async_backends:
             return None
         return self._run_on_loop(self._read, method, *args)
 
     async def _aread(self, method: str, *args: Any) -> Any:
-        if self._reader() is None:
+        if not self._async_backends:
             return None
         return await _await_on_tracker_loop(self._read, method, *args)
 
@@ -978,11 +1012,12 @@ class AppRun:
         return self._as_trackable(await self._aread("sources") or [])
 
     def children(self) -> list[AppRun]:
-        """The runs that name this run as their parent (``run_ids(parent_run_id=...)``)."""
-        if self._reader() is None:
+        """The runs that name this run as their parent (``run_ids(parent_run_id=...)``),
+        this process's runs writing there included."""
+        if not self._async_backends:
             return []
         backend = self._async_backends[0]
-        ids = self._run_on_loop(_run_ids_of_parent, backend, self.id)
+        ids = self._run_on_loop(_run_ids_of_parent, backend, self._stores[0], self.id)
         return [self._relative(i) for i in ids]
 
     def lineage(self) -> Lineage:
@@ -1029,7 +1064,10 @@ _WRITE_CODES = frozenset(
 )
 
 
-async def _run_ids_of_parent(backend: AsyncTrackerBase, parent: str) -> list[str]:
+async def _run_ids_of_parent(
+    backend: AsyncTrackerBase, store: Hashable, parent: str
+) -> list[str]:
+    await settle(store, None, read_timeout(), f"run {parent!r}: children()")
     return list(await backend.run_ids(parent_run_id=parent))
 
 

@@ -48,6 +48,7 @@ from async_tracker.runtime.flusher import Flusher
 from async_tracker.runtime.loop import TrackerLoop, wait_future
 from async_tracker.runtime.signals import Mask, block_sigterm, restore
 from async_tracker.runtime.threads import ThreadPool
+from async_tracker.runtime.writers import Writers
 from async_tracker.settings import (
     DEFAULT_SIGTERM_GRACE_S,
     DEFAULT_THREAD_LIMIT,
@@ -107,6 +108,8 @@ class Runtime:
         # Runs with records on their way, held until they close: the exit hook must close a
         # run its caller dropped without closing (its records live on in the flusher).
         self._held: dict[int, Run] = {}
+        # The runs writing now, which reads wait for (see runtime/writers.py).
+        self.writers = Writers()
         self.sigterm_installed = False
         self._previous_sigterm: Any = None
         # The end of the first SIGTERM's grace (time.monotonic()): no close ends later.
