@@ -183,7 +183,7 @@ def init(
         store = next(
             (b for _, t in from_env if isinstance(b := as_async(t), AsyncFsspecTracker)), None
         )
-        url = (store.store_url or store.root_dir) if store is not None else ""
+        url = store.url if store is not None else ""
     else:
         store = open_store(url)
     # ASYNC_TRACKER_<OPTION> variables apply as with run_from_env(); keyword options win.

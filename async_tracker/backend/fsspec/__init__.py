@@ -176,10 +176,13 @@ class AsyncFsspecTracker(AsyncTrackerBase):
         import_here(METRIC_CODEC)
         self.fs = fs
         self.root_dir = fs._strip_protocol(root_dir).rstrip("/") or "/"
-        # The store as a URL (file:///data/runs, s3://bucket/runs): what
-        # `async-tracker sync --to` takes to deliver spooled records here.
+        # The store as a URL (file:///data/runs, s3://bucket/runs), as errors name it; and
+        # what `async-tracker sync --to` takes to deliver spooled records here, unless the
+        # filesystem was made with options a URL does not carry (a config file's endpoint or
+        # credentials: the URL alone would reach another store, or none).
         url = fs.unstrip_protocol(self.root_dir)
-        self.store_url: str | None = url
+        self.url = url
+        self.store_url: str | None = None if fs.storage_options else url
         storage = _Storage(fs, url)
         # The store's identity: parts of a batch done here are not done elsewhere.
         self.store_id = url
@@ -349,7 +352,7 @@ class AsyncFsspecTracker(AsyncTrackerBase):
         with lazy_imports:
             from async_tracker.backend.fsspec.runreader import FsspecRunReader
 
-        return FsspecRunReader(self._reader, f"store {self.store_url}")
+        return FsspecRunReader(self._reader, f"store {self.url}")
 
     def __repr__(self) -> str:
         return f"AsyncFsspecTracker({type(self.fs).__name__}, {self.root_dir!r})"
