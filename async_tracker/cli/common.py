@@ -134,6 +134,9 @@ def read_or_fail(label: str) -> Iterator[None]:
 def resolve_run(reader: Reader, run_id: str, ids: Sequence[str] | None = None) -> str:
     """``run_id`` if the store holds it, else the one run whose id starts with it; a
     :class:`CliError` when none or several do."""
+    if not run_id.strip():
+        # Every id starts with "": an unset shell variable ($RUN) must not name a run.
+        raise CliError(f"a run id must not be empty or blank, got {run_id!r}")
     known = reader.run_ids() if ids is None else list(ids)
     if run_id in known:
         return run_id
@@ -163,6 +166,9 @@ def resolve_runs(reader: Reader, run_ids: Sequence[str]) -> list[str]:
     (``mnist/lr-0.1``: ``init()``'s id without its 6 hex digits), the newest run of that name
     when several have it (said on stderr, one line); else a unique prefix (see
     :func:`resolve_run`)."""
+    for wanted in run_ids:
+        if not wanted.strip():
+            raise CliError(f"a run id must not be empty or blank, got {wanted!r}")
     known = reader.run_ids()
     by_name: dict[str, list[str]] = {}
     for run_id in known:
@@ -196,8 +202,10 @@ def _newest(reader: Reader, run_ids: Sequence[str]) -> str:
 
 
 def check_known(reader: Reader, run_id: str) -> str:
-    """The run id ``run_id`` names (itself, or the one run it is a unique prefix of)."""
-    return resolve_run(reader, run_id)
+    """The run ``run_id`` names, by the one rule every command follows (see
+    :func:`resolve_runs`): a run id, a run name (its newest run, said on stderr), or a unique
+    prefix."""
+    return resolve_runs(reader, [run_id])[0]
 
 
 # The widest a table shows a cell, in characters; longer text is cut in the middle ("...").
