@@ -25,21 +25,18 @@ from async_tracker.cli.common import (
 )
 from async_tracker.records import TrackerMetric, TrackerSource
 from async_tracker.store.expr import FilterError, differing_params
-from async_tracker.store.runs import select
 from async_tracker.store.summary import MetricSummary, RunSummary
 from async_tracker.store.sync_reader import Reader
 from async_tracker.tags import split_metadata
 
 
 def cmd_jobs(t: Reader, args: argparse.Namespace) -> tuple[object, str]:
-    runs = t.run_summaries()
-    if args.parent_run_id:
-        children = set(t.run_ids(parent_run_id=args.parent_run_id))
-        runs = [r for r in runs if r.run_id in children]
     if args.limit < 0:
         raise CliError(f"--limit must be 0 (all) or more, got {args.limit}")
+    children = set(t.run_ids(parent_run_id=args.parent_run_id)) if args.parent_run_id else None
     try:
-        shown, left_out = select(runs, args.filter, args.sort, args.limit)
+        # The newest N, unfiltered (the default), cost summaries of the N runs shown alone.
+        shown, left_out = t.select_runs(args.filter, args.sort, args.limit, children)
     except FilterError as exc:
         # Its first line says where and what was expected; the rest repeats the text.
         raise CliError(str(exc).splitlines()[0]) from None

@@ -165,15 +165,25 @@ class AsyncFsspecTracker(AsyncTrackerBase):
 
     The tracker is a :class:`FsspecWriter` and a :class:`FsspecReader` over one storage:
     each method hands its call to the half it belongs to.
+
+    The metric codec (numpy and pyarrow) loads when the store is made, on the caller's
+    thread; with ``load_codec=False``, at its first read or write of points, in a worker
+    thread (a process that never touches a point never loads it).
     """
 
     name = "fsspec"
 
-    def __init__(self, fs: fsspec.AbstractFileSystem, root_dir: str) -> None:
+    def __init__(
+        self, fs: fsspec.AbstractFileSystem, root_dir: str, *, load_codec: bool = True
+    ) -> None:
         # The metric codec (numpy, pyarrow) loads here, on the caller's thread, not with the
         # package (a job that imports it to log elsewhere never pays for it) nor on the
         # tracker's thread at the first write (see runtime.process.import_here: why).
-        import_here(METRIC_CODEC)
+        # load_codec=False leaves it to the first read or write of points (in a worker
+        # thread): for a process that may never touch one and does not end by an uncaught
+        # Ctrl-C, such as the CLI's (`list jobs` reads the run index alone).
+        if load_codec:
+            import_here(METRIC_CODEC)
         self.fs = fs
         self.root_dir = fs._strip_protocol(root_dir).rstrip("/") or "/"
         # The store as a URL (file:///data/runs, s3://bucket/runs), as errors name it; and

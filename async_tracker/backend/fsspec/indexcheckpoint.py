@@ -18,7 +18,7 @@ import gzip
 import json
 import math
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import orjson
@@ -61,6 +61,12 @@ class Checkpoint:
             return {}
         tail = row[_WRITERS:]
         return {tail[i]: self.text(tail[i + 1], tail[i + 2]) for i in range(0, len(tail), 3)}
+
+    def summaries(self, run_ids: Iterable[str]) -> list[RunSummary]:
+        """:meth:`summary` of each of ``run_ids``, made with the cyclic collector paused
+        (see :func:`_gc_paused`): a list of every run makes 100,000 of them."""
+        with _gc_paused():
+            return [self.summary(run_id) for run_id in run_ids]
 
     def summary(self, run_id: str) -> RunSummary:
         """The run as its row keeps it (a final status)."""
