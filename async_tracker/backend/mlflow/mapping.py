@@ -15,6 +15,9 @@
     add_source(s, a)   ->  tag async_tracker.source.<sha1([s, a])> = json({source_run_id, ...})
                            tag async_tracker.parent.<sha1(s)> = "1"  (descendant searches)
     log_metric         ->  metric points, client timestamps (ms) and steps
+    each flush         ->  tag async_tracker.summary.<writer token> = json(the writer's
+                           summary of the run: per metric last, min, max, count, last step),
+                           in the flush's last log_batch request (see summaries.py)
 
 Tag names of objects are hashes: deterministic (a retry overwrites), valid MLflow keys
 whatever the artifact or source is called, and within the 250-character key limit.
@@ -63,6 +66,13 @@ TAG_PARENT_PREFIX = "async_tracker.parent."
 TAG_WRITER_PREFIX = "async_tracker.writer."
 # A live run's heartbeat: {"time": seconds since the epoch, "interval_s": ..}.
 TAG_HEARTBEAT = "async_tracker.heartbeat"
+# Each writer's summary of what it wrote to the run (see summaries.py): one tag per writer
+# token, ``async_tracker.summary.<token>``, and ``.<n>`` parts for one that is too long.
+TAG_SUMMARY_PREFIX = "async_tracker.summary."
+# Set when the run is created (with its other tags: no request of its own): every writer of
+# this version keeps a summary of the run, so that a run without it (made by an older
+# version, torchx or plain MLflow) is known to hold points no summary counts.
+TAG_SUMMARIES = "async_tracker.summaries"
 MLFLOW_TAG_PREFIX = "mlflow."
 # MLflow's own tag of a run's description (mlflow.utils.mlflow_tags.MLFLOW_RUN_NOTE): where
 # the run's note goes, so that the UI shows it, and an edit there is the note read back.
