@@ -106,12 +106,38 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     ``takes_extra`` (``tag``, whose "-TAG" words look like options to argparse) gets the
     words argparse did not know as ``args.extra``."""
     p = parser()
-    args, extra = p.parse_known_args(argv)
+    args, extra = p.parse_known_args(_signed_values(sys.argv[1:] if argv is None else argv))
     if extra:
         if not getattr(args, "takes_extra", False):
             p.error(f"unrecognized arguments: {' '.join(extra)}")
         args.extra = extra
     return args
+
+
+# Options whose value may start with "-" as users type it: `--sort -lr` (largest first).
+# argparse takes "-lr" for an option and fails ("expected one argument").
+_SIGNED_VALUE_OPTIONS = ("--sort",)
+
+
+def _signed_values(argv: Sequence[str]) -> list[str]:
+    """``argv`` with ``--sort -KEY`` joined into ``--sort=-KEY``. A value starting with "--"
+    is left alone (another option; argparse then says the value is missing), and so is
+    everything after ``--`` (``run``'s command)."""
+    out: list[str] = []
+    i = 0
+    while i < len(argv):
+        arg = argv[i]
+        if arg == "--":
+            out.extend(argv[i:])
+            break
+        nxt = argv[i + 1] if i + 1 < len(argv) else ""
+        if arg in _SIGNED_VALUE_OPTIONS and nxt.startswith("-") and not nxt.startswith("--"):
+            out.append(f"{arg}={nxt}")
+            i += 2
+            continue
+        out.append(arg)
+        i += 1
+    return out
 
 
 def _version() -> str:

@@ -24,7 +24,13 @@ from async_tracker.cli.common import (
     warn,
 )
 from async_tracker.records import TrackerMetric, TrackerSource
-from async_tracker.store.expr import FilterError, differing_params
+from async_tracker.store.expr import (
+    FilterError,
+    differing_params,
+    parse_filter,
+    parse_sort,
+    unknown_keys,
+)
 from async_tracker.store.summary import MetricSummary, RunSummary
 from async_tracker.store.sync_reader import Reader
 from async_tracker.tags import split_metadata
@@ -40,6 +46,8 @@ def cmd_jobs(t: Reader, args: argparse.Namespace) -> tuple[object, str]:
     except FilterError as exc:
         # Its first line says where and what was expected; the rest repeats the text.
         raise CliError(str(exc).splitlines()[0]) from None
+    for line in _unknown_keys(t, args.filter, args.sort, shown):
+        warn(line)
     # The params that tell the listed runs apart (a lone run: all of its own).
     keys = (differing_params(shown) if len(shown) > 1 else list(shown[0].params) if shown
             else [])[:MAX_PARAMS]  # fmt: skip
@@ -64,6 +72,19 @@ def cmd_jobs(t: Reader, args: argparse.Namespace) -> tuple[object, str]:
         if args.json:
             warn(f"{left_out} more runs not listed (--limit 0 lists all)")
     return [summary_row(r) for r in shown], text
+
+
+def _unknown_keys(
+    t: Reader, filter: str | None, sort: str | None, shown: Sequence[RunSummary]
+) -> list[str]:
+    """A line per param or metric the filter or sort key names that no run has (with the
+    nearest names): a typo would give an empty or unsorted list and say nothing. Looked up
+    in the runs shown first; the whole store is read only when one is missing there."""
+    keys = [*(parse_filter(filter).keys if filter else ()), *(parse_sort(sort).keys if sort
+            else ())]  # fmt: skip
+    if not unknown_keys(keys, shown) and shown:
+        return []
+    return unknown_keys(keys, t.run_summaries())
 
 
 # At most this many metrics in a row of ``list jobs``, and params that differ between the
@@ -274,7 +295,7 @@ def register(
         "--sort",
         metavar="[-]KEY",
         help="order by KEY (start, end, duration, status, id, a param, METRIC.last|min|max|"
-        "count|step); --sort=-KEY from largest to smallest (default: newest first)",
+        "count|step); --sort -KEY from largest to smallest (default: newest first)",
     )
     jobs.add_argument(
         "--limit",
