@@ -82,7 +82,7 @@ from async_tracker.records import (
     sort_points,
 )
 from async_tracker.runtime.process import run_blocking
-from async_tracker.tags import NOTE_KEY, TAG_KEY_PREFIX, is_reserved_key
+from async_tracker.tags import ENDING_KEY, NOTE_KEY, TAG_KEY_PREFIX, is_reserved_key
 
 if sys.version_info < (3, 11):  # pragma: no cover - 3.10
     from exceptiongroup import BaseExceptionGroup
@@ -522,8 +522,9 @@ class AsyncMLflowTracker(AsyncTrackerBase):
 
     async def metadata(self, run_id: str) -> Mapping[str, object]:
         """The run's tags, decoded, without MLflow's system tags (``mlflow.*``) and ours,
-        but with the run's own tags (``async_tracker.tag.*``) and its description (as the
-        note's key): what ``AppRun.tags()`` and ``note()`` read."""
+        but with the run's own tags (``async_tracker.tag.*``), its description (as the
+        note's key) and its ending (``async_tracker.ending``): what ``AppRun.tags()`` and
+        ``note()`` read, and how a run that did not finish ended."""
         tags = await self._tags(run_id)
         out: dict[str, object] = {}
         for k, v in sorted(tags.items()):
@@ -531,7 +532,7 @@ class AsyncMLflowTracker(AsyncTrackerBase):
                 out[k] = loads_tag(v) is True
             elif k == MLFLOW_NOTE_TAG:
                 out[NOTE_KEY] = v
-            elif not k.startswith(RESERVED_TAG_PREFIXES):
+            elif k == ENDING_KEY or not k.startswith(RESERVED_TAG_PREFIXES):
                 out[k] = loads_tag(v)
         return out
 
