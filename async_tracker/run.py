@@ -81,8 +81,9 @@ from async_tracker.records import (
 from async_tracker.report import BackendStatus, FlushReport, TrackerStatus
 from async_tracker.retry import RetryPolicy
 from async_tracker.run_config import RunConfig
+from async_tracker.runtime.ending import FINISHED, Ending, decide, exception_now
 from async_tracker.runtime.loop import wait_future
-from async_tracker.runtime.process import close_reason, runtime
+from async_tracker.runtime.process import runtime
 from async_tracker.settings import CLOSE_SLACK_S, OverflowPolicy, RunOptions, read_timeout
 from async_tracker.spool import check_run_id, default_spool_dir, has_spool
 from async_tracker.system_metrics import SystemMetrics
@@ -227,8 +228,11 @@ class AppRun:
             0: none): a run that dies without ending (SIGKILL) then reads as crashed.
 
     Closing seals the run's end record (finished, failed or killed) after everything it
-    accepted; it is delivered, or spooled, like the rest. A run that never wrote anything
-    never started its pipeline: its close sends nothing (no store holds such a run).
+    accepted; it is delivered, or spooled, like the rest. How the run ended is decided in one
+    place, :mod:`async_tracker.runtime.ending`, from what ended it: a run left by an
+    exception, Ctrl-C or SIGTERM, or closed at exit after one, records the reason and, when it
+    did not finish, the exception's type and message. A run that never wrote anything never
+    started its pipeline: its close sends nothing (no store holds such a run).
     """
 
     def __init__(
@@ -322,6 +326,12 @@ class AppRun:
         # Set under the start lock when close begins (and never unset). With _pipeline and
         # _close_report, what `state` reads: no field of its own to keep in step with them.
         self.closed = False
+        # What a framework last reported of the work done in this run (report_ending): how a
+        # close that nothing else decides ends it (see runtime.ending.decide).
+        self._reported: Ending | None = None
+        # Whether this process inherited the run from the parent it was forked from (see
+        # begin_close's process_end).
+        self._forked = False
         # Popped by the first close report that leaves records behind (list.pop is atomic,
         # also against a SIGTERM handler's close on top of this thread's): said once.
         self._summary_due: list[None] = [None]
@@ -686,15 +696,38 @@ class AppRun:
                 f"run {self.id!r} is {self.state.value}; flush() needs an open run"
             )
 
+    def report_ending(self, ending: Ending | None) -> None:
+        """What a framework says of the work it last did in this run: None when it ended
+        well, else how it ended (``runtime.ending.ending_of(exc)``, or a failure whose
+        exception is unknown). The integrations call it; a later report replaces an earlier
+        one. A close that nothing else decides (no reason given, no exception at hand, no
+        SIGTERM: the exit hook's after a training that raised and was caught, a ``with``
+        block left normally) ends the run as the last report says."""
+        self._reported = ending
+
     def begin_close(
-        self, deadline: float, reason: CloseReason
+        self,
+        deadline: float,
+        reason: CloseReason | Ending | None = None,
+        exc: BaseException | None = None,
+        *,
+        process_end: bool = False,
     ) -> Callable[[float], FlushReport]:
         """Begins closing the run by ``deadline`` (``time.monotonic()`` seconds), or moves
         the deadline of the close under way earlier (never later); returns a function that
         waits for the report until a given ``time.monotonic()`` deadline (plus a slack), and
         answers with the state then if the close is not over. Split so that the process's
-        exit and SIGTERM can close every run at once; ``reason`` counts only for the first
-        close."""
+        exit and SIGTERM can close every run at once. The run's ending is decided from
+        ``reason`` (named by the caller), ``exc`` (the exception at hand) and what was
+        reported (see :func:`~async_tracker.runtime.ending.decide`); it counts only for the
+        first close.
+
+        ``process_end``: the runtime closes the run because this process ends (exit,
+        SIGTERM). In a forked child (a ``multiprocessing`` pool's or a DataLoader's worker),
+        the run it inherited is its parent's: the child ends its own share as finished, and
+        the run ends as the process that opened it says (a pool that terminates its workers
+        by SIGTERM at its exit must not make the job's run killed). Code in the child that
+        closes the run itself (a framework's rank forked to train) decides as anywhere."""
         if self._system is not None:
             self._system.stop()
         with self._start_lock:
@@ -721,8 +754,17 @@ class AppRun:
         with self._start_lock:
             future = self._close_future
             if future is None:
+                forked = process_end and self._forked
+                ending = FINISHED if forked else decide(reason, exc, self._reported)
+                # What ended a run that did not finish is metadata, stamped by the process's
+                # metadata clock as a write is: a later life's ending wins over an earlier
+                # one's whatever the clocks did. (The wall clock of the end record's time,
+                # not the records' own, which tests replace.)
+                stamp = _metadata_clock.stamp(time.time_ns()) if ending.record() else 0
                 timeout = max(0.0, deadline - time.monotonic())
-                future = self._close_future = loop.submit(pipeline.close, timeout, reason)
+                future = self._close_future = loop.submit(
+                    pipeline.close, timeout, ending, stamp
+                )
                 # Reads wait for a closing run until its close is over, then no more.
                 future.add_done_callback(self._writes_ended)
             else:
@@ -767,33 +809,54 @@ class AppRun:
         return report
 
     def close(
-        self, timeout: float | None = None, reason: CloseReason | None = None
+        self, timeout: float | None = None, reason: CloseReason | Ending | None = None
     ) -> FlushReport:
         """Delivers what it can within ``timeout`` (default ``close_timeout``) and stops.
 
         Returns within the timeout plus a small slack whatever the backends do; the report
         says what was not delivered. Idempotent; writes afterwards raise
         :class:`TrackerClosedError`. ``reason`` (how the job ended, passed to each backend's
-        ``end_run``: an MLflow run's status) defaults to ``failed`` when called while an
-        exception propagates or as the process exits on one, else ``finished``.
+        ``end_run``: an MLflow run's status) is decided when not given, by the rule of
+        :mod:`async_tracker.runtime.ending`: ``killed`` after SIGTERM or while a
+        ``KeyboardInterrupt`` propagates, ``failed`` (with the exception's type and
+        message) while another exception propagates or as the process exits on one, else
+        what a framework last reported on the run, else ``finished``. An
+        :class:`~async_tracker.runtime.ending.Ending` (an integration's, found by that rule)
+        is taken as it is.
         """
+        return self._close(timeout, reason, exception_now())
+
+    def _close(
+        self,
+        timeout: float | None,
+        reason: CloseReason | Ending | None,
+        exc: BaseException | None,
+    ) -> FlushReport:
         if self._close_report is not None:
             return self._close_report
         limit = self.options.close_timeout if timeout is None else timeout
         deadline = runtime().close_deadline(limit)
-        report = self.begin_close(deadline, close_reason(reason))(deadline)
+        report = self.begin_close(deadline, reason, exc)(deadline)
         self._check_strict(report)
         return report
 
     async def aclose(
-        self, timeout: float | None = None, reason: CloseReason | None = None
+        self, timeout: float | None = None, reason: CloseReason | Ending | None = None
     ) -> FlushReport:
         """``close()`` for async callers."""
+        return await self._aclose(timeout, reason, exception_now())
+
+    async def _aclose(
+        self,
+        timeout: float | None,
+        reason: CloseReason | Ending | None,
+        exc: BaseException | None,
+    ) -> FlushReport:
         if self._close_report is not None:
             return self._close_report
         limit = self.options.close_timeout if timeout is None else timeout
         deadline = runtime().close_deadline(limit)
-        wait = self.begin_close(deadline, close_reason(reason))
+        wait = self.begin_close(deadline, reason, exc)
         future = self._close_future
         if future is None:  # nothing was started: wait() answers at once
             report = wait(deadline)
@@ -864,8 +927,10 @@ class AppRun:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
+        # The block's own exception decides (None: it ended normally, whatever an enclosing
+        # except clause is handling): see runtime.ending for the rule.
         try:
-            self.close(reason="finished" if exc is None else "failed")
+            self._close(None, None, exc)
         except DeliveryError:
             if exc is None:  # a strict run's error must not replace the caller's own
                 raise
@@ -880,7 +945,7 @@ class AppRun:
         tb: TracebackType | None,
     ) -> None:
         try:
-            await self.aclose(reason="finished" if exc is None else "failed")
+            await self._aclose(None, None, exc)
         except DeliveryError:
             if exc is None:
                 raise
@@ -894,6 +959,8 @@ class AppRun:
         self._close_future = None
         self._summary_due = [None]
         self._system = None  # the parent samples; its task is not ours to stop
+        self._reported = None  # the parent's training, not the child's
+        self._forked = True
         self._start_lock = threading.RLock()
         if not self.closed and self._async_backends:
             self._sink = _FirstWrite(self)

@@ -56,7 +56,7 @@ def cmd_jobs(t: Reader, args: argparse.Namespace) -> tuple[object, str]:
             r.run_id,
             _time(r.start),
             _duration(r.duration_s),
-            r.status,
+            status_cell(r),
             _pairs({k: r.params[k] for k in keys if k in r.params}),
             _pairs({n: m.last for n, m in list(r.metrics.items())[:MAX_COLUMNS]}),
         ]
@@ -102,17 +102,32 @@ def run_row(t: Reader, run_id: str) -> dict[str, Any]:
     raise CliError(f"unknown run id {run_id!r}: `async-tracker list jobs` lists the runs")
 
 
+def status_cell(r: RunSummary) -> str:
+    """The run's status as ``list jobs`` shows it: with what ended a run that failed or was
+    killed, when known (``failed (ValueError: bad lr)``, ``killed (SIGTERM)``)."""
+    cause = r.cause if r.status in ENDED_BADLY else ""
+    return f"{r.status} ({cause})" if cause else r.status
+
+
+# The statuses whose runs may say what ended them (RunSummary.ending): looked up for those
+# alone, which a long listing's runs mostly are not.
+ENDED_BADLY = ("failed", "killed")
+
+
 def summary_row(r: RunSummary) -> dict[str, Any]:
     """What ``list jobs --json`` gives of a run: every field of its summary. ``metrics``
     holds each metric's last value, ``metric_summaries`` its last, min, max, count and last
     step. ``start`` is its first point's time (or its first write's), ``end`` when it
-    ended (None while running), ``heartbeat`` when a writer last wrote or beat."""
+    ended (None while running), ``heartbeat`` when a writer last wrote or beat. ``ending``
+    is what ended a run that failed or was killed (``reason``, and the exception's ``type``
+    and ``message``, or the signal as ``message``), when known, else empty."""
     return {
         "run_id": r.run_id,
         "start": r.start,
         "end": r.end,
         "duration_s": r.duration_s,
         "status": r.status,
+        "ending": dict(r.ending) if r.status in ENDED_BADLY else {},
         "heartbeat": r.heartbeat,
         "params": dict(r.params),
         "tags": sorted(r.tags),

@@ -36,6 +36,7 @@ from async_tracker.pipeline.lane import Lane
 from async_tracker.pipeline.overflow import HotPath, make_overflow
 from async_tracker.records import Batch
 from async_tracker.report import FlushReport, TrackerStatus
+from async_tracker.runtime.ending import FINISHED, Ending
 from async_tracker.runtime.process import runtime
 from async_tracker.settings import PACKED_PAUSE_S, SPOOL_GRACE_S, RunOptions
 from async_tracker.spool.io import SpoolIO
@@ -370,16 +371,20 @@ class RunPipeline:
         self.packed.sealed = True  # writers waiting for room in it raise, not write
         self.overflow.seal()
 
-    async def close(self, timeout: float, reason: CloseReason = "finished") -> FlushReport:
-        """Seals the run's end record (``reason``) after every record accepted, delivers what
-        it can until ``timeout`` (or the earlier deadline :meth:`shorten` set), then stops the
-        lanes whatever they do and spools what they still hold in memory, the end record
-        included: a backend that is down gets it from the spool later, in its place (last).
-        Then closes the backends the run built. The ingress was sealed by the caller."""
+    async def close(
+        self, timeout: float, ending: Ending = FINISHED, stamp_ns: int = 0
+    ) -> FlushReport:
+        """Seals the run's end record (``ending``: its reason, and what ended a run that did
+        not finish as metadata stamped ``stamp_ns``) after every record accepted, delivers
+        what it can until ``timeout`` (or the earlier deadline :meth:`shorten` set), then
+        stops the lanes whatever they do and spools what they still hold in memory, the end
+        record included: a backend that is down gets it from the spool later, in its place
+        (last). Then closes the backends the run built. The ingress was sealed by the
+        caller."""
         self._deadline = min(self._deadline, self.clock.now() + timeout)
         self.seal()
         try:
-            return await self._close(reason)
+            return await self._close(ending, stamp_ns)
         finally:
             for scope in list(self._waiting):
                 scope.cancel()
@@ -410,7 +415,8 @@ class RunPipeline:
             finally:
                 del self._deadline_scopes[scope]
 
-    async def _close(self, reason: CloseReason) -> FlushReport:
+    async def _close(self, ending: Ending, stamp_ns: int) -> FlushReport:
+        reason = ending.reason
         with self._until_deadline():
             await self._cut_all()
         # Device values not computed by now are dropped (counted), not waited for.
@@ -418,7 +424,9 @@ class RunPipeline:
         self.cut(everything=True)  # what the deadline left packed: to the lanes, then disk
         if self.ends_run:
             # After the last cut: its number follows every record the run accepted.
-            sealed = self.cutter.cut_end(reason, time.time(), self.life_start)
+            sealed = self.cutter.cut_end(
+                reason, time.time(), self.life_start, ending.metadata(), stamp_ns
+            )
             for lane in self.lanes:
                 lane.put(sealed)
         for lane in self.lanes:

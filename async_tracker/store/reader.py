@@ -32,7 +32,7 @@ from async_tracker.adapters import ForeignTracker, ThreadedTracker
 from async_tracker.base import AsyncTrackerBase
 from async_tracker.records import Lineage, TrackerArtifact, TrackerMetric
 from async_tracker.store.runs import select
-from async_tracker.store.summary import MetricSummary, RunSummary
+from async_tracker.store.summary import MetricSummary, RunSummary, stored_ending
 from async_tracker.tags import split_metadata
 
 logger = logging.getLogger(__name__)
@@ -324,7 +324,8 @@ class GenericReader(RunReader):
         status, end = await self.status(run_id)
         metrics = {name: summarize_points(points) for name, points in curves.items()}
         stamps = [p.timestamp for points in curves.values() for p in points]
-        params, tags, note = split_metadata(dict(await self.metadata(run_id)))
+        metadata = dict(await self.metadata(run_id))
+        params, tags, note = split_metadata(metadata)
         return RunSummary(
             run_id=run_id,
             status=status,
@@ -335,6 +336,7 @@ class GenericReader(RunReader):
             tags=tags,
             note=note,
             metrics=metrics,
+            ending=stored_ending(metadata, status),
         )
 
 

@@ -21,6 +21,7 @@ from async_tracker.cli.query import run_row
 from async_tracker.init_run import open_store
 from async_tracker.runtime.process import runtime
 from async_tracker.store.open import open_reader
+from async_tracker.tags import ENDING_KEY
 from tests.cli.conftest import Store
 from tests.core.helpers import FAST_RETRY, Child, wait_until
 
@@ -180,7 +181,8 @@ def test_sync_to_another_store_sends_every_part_and_twice_stores_nothing_twice(
     # Into a new store: every part, the metadata marked done in the old store included.
     sync(spool, new)
     target = Store(new, new).tracker()
-    assert target.metadata(RUN_ID) == {"lr": 0.1}
+    # The ending of a failed run goes with its end record (see runtime/ending.py).
+    assert target.metadata(RUN_ID) == {"lr": 0.1, ENDING_KEY: {"reason": "failed"}}
     assert [p.step for p in target.metrics(RUN_ID)["loss"]] == [0, 1, 2]
     assert status(new)[0] == "failed"
     written = sorted(p.relative_to(new) for p in new.rglob("*") if p.is_file())

@@ -43,7 +43,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from async_tracker.records import TrackerArtifact, TrackerMetric, TrackerSource
-from async_tracker.tags import NOTE_KEY, TAG_KEY_PREFIX, check_tag, is_reserved_key
+from async_tracker.tags import ENDING_KEY, NOTE_KEY, TAG_KEY_PREFIX, check_tag, is_reserved_key
 
 logger = logging.getLogger("async_tracker.backend.mlflow")
 
@@ -253,8 +253,8 @@ def mlflow_tag(key: str, value: object) -> tuple[str, str]:
 
 def tag_problem(key: str, value: object) -> str | None:
     """Why MLflow would refuse metadata ``key = value`` as a tag, or None. Of the reserved
-    keys, those of tags (a bool) and of the note (a str) are taken (see
-    :mod:`async_tracker.tags`)."""
+    keys, those of tags (a bool), of the note (a str) and of a run's ending (how a run that
+    did not finish ended, a tag like any metadata) are taken (see :mod:`async_tracker.tags`)."""
     if key.startswith(TAG_KEY_PREFIX) and isinstance(value, bool):
         try:
             check_tag(key[len(TAG_KEY_PREFIX) :])
@@ -268,6 +268,8 @@ def tag_problem(key: str, value: object) -> str | None:
                 "(save longer text as an artifact)"
             )
         return None
+    if key == ENDING_KEY:
+        return value_problem(key, dumps(value), MAX_TAG_VALUE_LENGTH, "metadata")
     if key.startswith(RESERVED_TAG_PREFIXES):
         return (
             f"metadata key {key!r}: keys starting with {TAG_PREFIX!r} or "

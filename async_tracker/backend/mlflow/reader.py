@@ -37,7 +37,7 @@ from async_tracker.backend.mlflow.summaries import stored_summaries
 from async_tracker.backend.mlflow.tracker import AsyncMLflowTracker, metadata_of, status_of
 from async_tracker.records import TrackerMetric
 from async_tracker.store.reader import GenericReader, summarize_points
-from async_tracker.store.summary import MetricSummary, RunSummary, merge
+from async_tracker.store.summary import MetricSummary, RunSummary, merge, stored_ending
 from async_tracker.tags import split_metadata
 
 # Run ids a search filter cannot quote: looked up by their tag only (as RunBook.named does).
@@ -162,7 +162,8 @@ class MLflowReader(GenericReader):
             kept = _summarised(fingerprint, history)
             if status != "running":  # an ended run's points rarely change
                 self._from_points[uuid] = kept
-        params, tags, note = split_metadata(metadata_of(run.data.tags))
+        metadata = metadata_of(run.data.tags)
+        params, tags, note = split_metadata(metadata)
         return RunSummary(
             run_id=run_id,
             status=status,
@@ -173,6 +174,7 @@ class MLflowReader(GenericReader):
             tags=tags,
             note=note,
             metrics=kept.metrics,
+            ending=stored_ending(metadata, status),
         )
 
 
@@ -201,13 +203,15 @@ def _from_tags(run_id: str, run: Any) -> RunSummary | None:
     status, end = status_of(run.info)
     merged = merge(run_id, writers, status, ended_at=end)
     beats = [t for t in (merged.heartbeat, _beat(tags.get(TAG_HEARTBEAT))) if t is not None]
-    params, run_tags, note = split_metadata(metadata_of(tags))
+    metadata = metadata_of(tags)
+    params, run_tags, note = split_metadata(metadata)
     return dataclasses.replace(
         merged,
         heartbeat=max(beats) if beats else None,
         params=params,
         tags=run_tags,
         note=note,
+        ending=stored_ending(metadata, status),
     )
 
 

@@ -93,7 +93,7 @@ from async_tracker.records import (
 from async_tracker.runtime.process import run_blocking
 from async_tracker.store.reader import RunReader
 from async_tracker.store.summary import WriterSummary
-from async_tracker.tags import NOTE_KEY, TAG_KEY_PREFIX, is_reserved_key
+from async_tracker.tags import ENDING_KEY, NOTE_KEY, TAG_KEY_PREFIX, is_reserved_key
 
 if sys.version_info < (3, 11):  # pragma: no cover - 3.10
     from exceptiongroup import BaseExceptionGroup
@@ -641,8 +641,9 @@ class AsyncMLflowTracker(AsyncTrackerBase):
 
     async def metadata(self, run_id: str) -> Mapping[str, object]:
         """The run's tags, decoded, without MLflow's system tags (``mlflow.*``) and ours,
-        but with the run's own tags (``async_tracker.tag.*``) and its description (as the
-        note's key): what ``AppRun.tags()`` and ``note()`` read (see :func:`metadata_of`)."""
+        but with the run's own tags (``async_tracker.tag.*``), its description (as the
+        note's key) and its ending (``async_tracker.ending``): what ``AppRun.tags()`` and
+        ``note()`` read, and how a run that did not finish ended (see :func:`metadata_of`)."""
         return metadata_of(await self._tags(run_id))
 
     async def artifacts(self, run_id: str) -> Mapping[str, TrackerArtifact]:
@@ -815,14 +816,14 @@ class AsyncMLflowTracker(AsyncTrackerBase):
 def metadata_of(tags: Mapping[str, str]) -> dict[str, object]:
     """The metadata an MLflow run's ``tags`` hold, decoded: every tag but MLflow's system
     tags (``mlflow.*``) and ours, with the run's own tags (``async_tracker.tag.*``) as
-    booleans and its description as the note's key."""
+    booleans, its description as the note's key, and its ending (``async_tracker.ending``)."""
     out: dict[str, object] = {}
     for k, v in sorted(tags.items()):
         if k.startswith(TAG_KEY_PREFIX):
             out[k] = loads_tag(v) is True
         elif k == MLFLOW_NOTE_TAG:
             out[NOTE_KEY] = v
-        elif not k.startswith(RESERVED_TAG_PREFIXES):
+        elif k == ENDING_KEY or not k.startswith(RESERVED_TAG_PREFIXES):
             out[k] = loads_tag(v)
     return out
 
