@@ -10,6 +10,7 @@ in test_endings_exit.py."""
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import json
 import sys
 from collections.abc import Callable
@@ -30,7 +31,6 @@ from async_tracker.runtime.ending import (
     ending_of,
 )
 from async_tracker.tags import ENDING_KEY
-from async_tracker.ui.app import run_json
 
 MakeRun = Callable[..., AppRun]
 
@@ -319,8 +319,13 @@ def test_a_store_lists_what_ended_a_run_before_and_after_its_index_is_compacted(
         assert by_id[finished].status == "finished" and by_id[finished].cause == ""
         assert not by_id[finished].ending
     assert list(root.glob(".index-checkpoint-*"))  # compacted
-    # The dashboard's summary of the run says it too.
-    assert run_json(Store(str(root)).run(failed))["cause"] == f"{__name__}.Stop: loss went to NaN"
+    # The dashboard's summary of the run says it too (where the ui extra is installed: CI's
+    # other Pythons run this file with [test] alone).
+    if importlib.util.find_spec("starlette") is not None:
+        from async_tracker.ui.app import run_json
+
+        summary = run_json(Store(str(root)).run(failed))
+        assert summary["cause"] == f"{__name__}.Stop: loss went to NaN"
 
 
 def test_an_earlier_lifes_ending_is_not_shown_for_a_later_one(tmp_path: Path) -> None:
