@@ -2,8 +2,10 @@
 hyperparameters and logs into what ``AppRun`` takes without stopping the training.
 
 Who opens a run closes it. An integration given ``run=`` leaves it to the caller; inside a
-torchx job (``TORCHX_JOB_ID`` set) it logs to ``AppRun.run_from_env()``, the job's run, which
-the tracker closes at exit with the job's outcome; otherwise it opens a run of its own with
+torchx job (``TORCHX_JOB_ID`` set) with no ``name=`` (nor ``id=``) of its own it logs to
+``AppRun.run_from_env()``, the job's run, which the tracker closes at exit with the job's
+outcome; otherwise (a named run inside a job is a child of the job's run, as ``init()``
+makes it) it opens a run of its own with
 ``async_tracker.init()``, closes it when training ends, and reopens (resumes) the same run id
 if the framework logs again afterwards (``trainer.fit()`` then ``trainer.test()``).
 
@@ -38,6 +40,16 @@ FLUSH_TIMEOUT_S = 30.0
 def in_torchx_job() -> bool:
     """Whether the process runs as a torchx job (``TORCHX_JOB_ID`` names its run)."""
     return os.environ.get(ENV_TORCHX_JOB_ID, UNDEFINED_JOB_ID) not in ("", UNDEFINED_JOB_ID)
+
+
+def joins_job_run(name: str | None, init_options: Mapping[str, Any]) -> bool:
+    """Whether an integration logs to the torchx job's run: inside a job, unless it names a
+    run of its own (``name=``, or an ``id=`` other than the job's), which ``init()`` opens as
+    a child of the job's run (the rule of one run per ``init()``)."""
+    if not in_torchx_job():
+        return False
+    given = init_options.get("id")
+    return name is None and (given is None or given == os.environ[ENV_TORCHX_JOB_ID])
 
 
 class RunHandle:
@@ -91,8 +103,8 @@ class RunHandle:
         is reopened under the same id (resumed: step-less points continue after its last)."""
         run = self._run
         if run is None:
-            if in_torchx_job():
-                unused = [k for k, v in (("name", self._name), ("dir", self._dir)) if v]
+            if joins_job_run(self._name, self._init_options):
+                unused = [k for k, v in (("dir", self._dir),) if v]
                 if unused or self._init_options:
                     logger.warning(
                         "async_tracker: TORCHX_JOB_ID is set: logging to the job's run "
@@ -101,6 +113,9 @@ class RunHandle:
                     )
                 run = AppRun.run_from_env()
             else:
+                # Outside a job, a run of our own; inside one, a named run (or one named by
+                # an id of its own) is a run of its own too, a child of the job's run, as
+                # init() makes it: one run per training, the sweep's trials kept apart.
                 run = init(self.project, name=self._name, dir=self._dir, **self._init_options)
                 self._owned = True
             self._run = run
@@ -211,6 +226,7 @@ __all__ = [
     "add_metadata_leniently",
     "flatten_params",
     "in_torchx_job",
+    "joins_job_run",
     "json_safe",
     "numeric_logs",
 ]

@@ -9,8 +9,9 @@ Example::
     pl.Trainer(logger=logger, max_epochs=3).fit(model, train_loader)
     print(logger.run_id)   # then: async-tracker list metrics <run id>
 
-Without ``run=``, the logger logs to the torchx job's run when ``TORCHX_JOB_ID`` is set, else
-to a run of its own: its id is decided when the logger is made, and the run is opened with
+Without ``run=``, the logger logs to the torchx job's run when ``TORCHX_JOB_ID`` is set and
+the logger names no run (``name=``, ``id=``), else to a run of its own (inside a job, a child
+of the job's run): its id is decided when the logger is made, and the run is opened with
 ``async_tracker.init(project or "lightning", dir=dir, id=<that id>, **init_options)`` at its
 first use, in the process that logs, and closed in ``finalize()``. The logger pickles at any
 point (``strategy="ddp_spawn"`` sends it to the worker processes): a copy reopens the same run
@@ -41,7 +42,7 @@ from async_tracker.integrations._default import (
     RunHandle,
     add_metadata_leniently,
     flatten_params,
-    in_torchx_job,
+    joins_job_run,
 )
 from async_tracker.records import check_name
 from async_tracker.run import AppRun
@@ -126,8 +127,9 @@ class AsyncTrackerLogger(Logger):
     Args:
         run: the run to log to; yours to close (``finalize`` delivers what waits in it).
             Without it: the torchx job's run (``AppRun.run_from_env()``) when
-            ``TORCHX_JOB_ID`` is set, else a run opened with ``async_tracker.init()`` at the
-            first use, which ``finalize`` closes with the training's outcome (and a later
+            ``TORCHX_JOB_ID`` is set and no ``name`` or ``id`` is given, else a run opened
+            with ``async_tracker.init()`` at the first use (in a job, a child of its run),
+            which ``finalize`` closes with the training's outcome (and a later
             ``trainer.test()`` reopens, resumed). Its id (``run_id``) is decided now:
             ``id=`` if given, else ``<project>/<name>-<8 hex digits>``.
         project, name, dir: ``async_tracker.init()``'s, for that run (project default
@@ -186,7 +188,7 @@ class AsyncTrackerLogger(Logger):
         # processes (ddp_spawn) log to one run and this one knows it; None for the caller's
         # run (its id is its own) and for the torchx job's (TORCHX_JOB_ID, read at first use).
         self._own_id: str | None = None
-        if run is None and not in_torchx_job():
+        if run is None and not joins_job_run(name, init_options):
             self._own_id = init_options.get("id") or new_run_id(self._project, name)
             handle = self._new_handle(first=True)
         self._handle: RunHandle | None = handle

@@ -15,7 +15,9 @@ Example::
     trainer.train()
 
 Without ``run=``, it logs where the Lightning logger would: the torchx job's run when
-``TORCHX_JOB_ID`` is set, else a run of its own opened with ``async_tracker.init()``.
+``TORCHX_JOB_ID`` is set and the callback names no run (``name=``, ``id=``), else a run of its
+own opened with ``async_tracker.init()`` (inside a job, a child of the job's run: each trial of
+a sweep in one job gets its own run).
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ from async_tracker.integrations._default import (
     RunHandle,
     add_metadata_leniently,
     flatten_params,
-    in_torchx_job,
+    joins_job_run,
     numeric_logs,
 )
 from async_tracker.run import AppRun
@@ -140,7 +142,7 @@ class AsyncTrackerCallback(TrainerCallback):
         checkpoint names the run that wrote it, and the callback would open a run of its
         own, it opens that one (resumed) instead of a new one."""
         project, name, dir, init_options = self._open_args
-        if in_torchx_job() or "id" in init_options:
+        if joins_job_run(name, init_options) or "id" in init_options:
             return  # the job's run, or the run the caller named, is the same run already
         # Where Trainer._save_checkpoint wrote it: the state it resumed from is that
         # checkpoint's, global_step included. A checkpoint moved elsewhere is not found:

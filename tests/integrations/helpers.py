@@ -51,6 +51,10 @@ class Store:
     def metrics(self, run_id: str) -> Mapping[str, Sequence[TrackerMetric]]:
         return self._tracker().metrics(run_id)
 
+    def parents(self, run_id: str) -> list[str]:
+        """The runs ``run_id`` came from (its sources' parent run ids)."""
+        return [s.source_run_id for s in self._tracker().sources(run_id)]
+
     def steps(self, run_id: str, name: str) -> list[int]:
         return [p.step for p in self.metrics(run_id)[name]]
 

@@ -18,6 +18,7 @@ from lightning.pytorch.utilities import rank_zero_only  # noqa: E402
 from torch.utils.data import DataLoader, TensorDataset  # noqa: E402
 
 from async_tracker import AppRun  # noqa: E402
+from async_tracker import Store as TrackStore  # noqa: E402
 from async_tracker.backend.memory import InMemoryTracker  # noqa: E402
 from async_tracker.integrations.lightning import AsyncTrackerLogger  # noqa: E402
 from tests.integrations.helpers import Recorder, Store  # noqa: E402
@@ -220,6 +221,33 @@ def test_in_a_torchx_job_it_logs_to_the_job_run(
     assert not AppRun.run_from_env().closed  # the job's run: closed when the job exits
     assert logger.version == "train-1"
     assert len(store.metrics("local://session/train-1")["train_loss"]) == STEPS
+
+
+def test_in_a_torchx_job_each_named_logger_opens_a_child_run_of_the_job(
+    tmp_path: Path, store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A sweep inside one job: a logger per trial, each naming its trial. Each trial is a run
+    # of its own (its points and lr kept apart), a child of the job's run, closed by
+    # finalize() as finished; the job's run holds no trial's points.
+    config = tmp_path / "fsspec.cfg"
+    config.write_text(f"protocol=file\nroot_path={store.root}\n")
+    monkeypatch.setenv("TORCHX_JOB_ID", "local://session/sweep-1")
+    monkeypatch.setenv("TORCHX_TRACKERS", "fsspec")
+    monkeypatch.setenv("TORCHX_TRACKER_FSSPEC_CONFIG", str(config))
+    loggers = []
+    for lr in (0.1, 0.5):
+        logger = AsyncTrackerLogger(project="sweep", name=f"lr-{lr}", dir=store.root)
+        trainer(tmp_path / str(lr), logger).fit(Tiny(lr=lr), loader())
+        loggers.append(logger)
+    job = AppRun.run_from_env()
+    ids = [logger.run_id for logger in loggers]
+    assert len(set(ids)) == 2 and job.id not in ids
+    for run_id, lr in zip(ids, (0.1, 0.5)):
+        assert TrackStore(str(store.root)).run(run_id).status == "finished"  # finalize()
+        assert store.steps(run_id, "train_loss") == list(range(STEPS))
+        assert store.metadata(run_id)["lr"] == lr
+        assert store.parents(run_id) == [job.id]
+    assert job.metrics() == {}
 
 
 def test_other_ranks_log_nothing_and_open_no_run(

@@ -25,6 +25,7 @@ from transformers import (  # noqa: E402
 )
 
 from async_tracker import AppRun  # noqa: E402
+from async_tracker import Store as TrackStore  # noqa: E402
 from async_tracker.backend.memory import InMemoryTracker  # noqa: E402
 from async_tracker.init_run import open_store  # noqa: E402
 from async_tracker.integrations.transformers import AsyncTrackerCallback  # noqa: E402
@@ -221,6 +222,32 @@ def test_without_arguments_in_a_torchx_job_it_logs_to_the_job_run(
     assert callback.run is AppRun.run_from_env()
     assert not callback.run.closed  # the job's: closed when it exits
     assert store.steps("local://session/hf-1", "loss") == list(range(1, STEPS + 1))
+
+
+def test_in_a_torchx_job_each_named_trial_is_a_child_run_of_the_job(
+    tmp_path: Path, store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The usual sweep, inside one job: a Trainer and a callback per trial, each naming its
+    # trial. Each is a run of its own, a child of the job's run, closed finished at its
+    # training's end; the job's run holds none of their points.
+    config = tmp_path / "fsspec.cfg"
+    config.write_text(f"protocol=file\nroot_path={store.root}\n")
+    monkeypatch.setenv("TORCHX_JOB_ID", "local://session/hf-sweep")
+    monkeypatch.setenv("TORCHX_TRACKERS", "fsspec")
+    monkeypatch.setenv("TORCHX_TRACKER_FSSPEC_CONFIG", str(config))
+    runs = []
+    for trial in ("a", "b"):
+        callback = AsyncTrackerCallback(project="hf", name=f"trial-{trial}", dir=store.root)
+        make_trainer(tmp_path / trial, callback).train()
+        assert callback.run is not None and callback.run.closed
+        runs.append(callback.run)
+    job = AppRun.run_from_env()
+    assert len({r.id for r in runs}) == 2 and job.id not in {r.id for r in runs}
+    for run in runs:
+        assert store.steps(run.id, "loss") == list(range(1, STEPS + 1))
+        assert TrackStore(str(store.root)).run(run.id).status == "finished"
+        assert store.parents(run.id) == [job.id]
+    assert job.metrics() == {}
 
 
 # A training that raises at its third step: the exception is caught (argv[2] is "catch")
