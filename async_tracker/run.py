@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import enum
+import functools
 import logging
 import os
 import threading
@@ -79,7 +80,7 @@ from async_tracker.retry import RetryPolicy
 from async_tracker.run_config import RunConfig
 from async_tracker.runtime.loop import wait_future
 from async_tracker.runtime.process import close_reason, runtime
-from async_tracker.settings import CLOSE_SLACK_S, OverflowPolicy, RunOptions
+from async_tracker.settings import CLOSE_FENCE_S, CLOSE_SLACK_S, OverflowPolicy, RunOptions
 from async_tracker.spool import check_run_id, default_spool_dir, has_spool
 from async_tracker.system_metrics import SystemMetrics
 from async_tracker.tags import NOTE_KEY, check_note, split_metadata, tag_metadata
@@ -702,7 +703,11 @@ class AppRun:
             future = self._close_future
             if future is None:
                 timeout = max(0.0, deadline - time.monotonic())
-                future = self._close_future = loop.submit(pipeline.close, timeout, reason)
+                # The deadline itself, not only the time left: a loop that starts the close
+                # late (busy, or short of the GIL) must not move it later.
+                future = self._close_future = loop.submit(
+                    functools.partial(pipeline.close, timeout, reason, deadline=deadline)
+                )
             else:
                 # A close under way (another thread's, the exit hook's, the one this signal
                 # interrupted): it ends by the earlier deadline. Handed to the loop, which
@@ -718,10 +723,18 @@ class AppRun:
             if self._close_report is not None:
                 return self._close_report
             try:
-                report = future.result(max(0.0, until - time.monotonic()) + CLOSE_SLACK_S)
+                # Until the deadline; then on through the slack, unless the loop is far
+                # behind (see RunPipeline.behind).
+                try:
+                    report = future.result(max(0.0, until - time.monotonic()))
+                except concurrent.futures.TimeoutError:
+                    if pipeline.behind():
+                        raise
+                    report = future.result(max(0.0, until - time.monotonic()) + CLOSE_FENCE_S)
             except concurrent.futures.TimeoutError:
-                # The loop itself is stuck (an async backend blocking it): answer anyway.
-                report = FlushReport.from_status(self.status(), timed_out=True)
+                # The loop is held (an async backend blocking it, or starved of the GIL):
+                # answer anyway, with a report that is the outcome (see RunPipeline.fence).
+                report = pipeline.fence()
             return self._closed_with(report)
 
         return wait
@@ -749,17 +762,24 @@ class AppRun:
     ) -> FlushReport:
         """Delivers what it can within ``timeout`` (default ``close_timeout``) and stops.
 
-        Returns within the timeout plus a small slack whatever the backends do; the report
-        says what was not delivered. Idempotent; writes afterwards raise
-        :class:`TrackerClosedError`. ``reason`` (how the job ended, passed to each backend's
-        ``end_run``: an MLflow run's status) defaults to ``failed`` when called while an
-        exception propagates or as the process exits on one, else ``finished``.
+        Returns within the timeout plus half a second (``CLOSE_SLACK_S``) whatever the
+        backends or the disk do; threads that keep the GIL delay it only by its own few waits
+        for the GIL. The report is the outcome: its records are where it says (delivered;
+        spooled, for the next start or ``async-tracker sync``; or left in memory, lost at
+        exit), and nothing of the run moves them afterwards, but the ``in_doubt`` records of
+        a backend call cut off at the deadline, which the backend may still store.
+        Idempotent; writes afterwards raise :class:`TrackerClosedError`. ``reason`` (how the
+        job ended, passed to each backend's ``end_run``: an MLflow run's status) defaults to
+        ``failed`` when called while an exception propagates or as the process exits on one,
+        else ``finished``.
         """
         if self._close_report is not None:
             return self._close_report
         limit = self.options.close_timeout if timeout is None else timeout
-        deadline = runtime().close_deadline(limit)
-        report = self.begin_close(deadline, close_reason(reason))(deadline)
+        process = runtime()
+        deadline = process.close_deadline(limit)
+        with process.hurry():  # the GIL back promptly, for this thread and the loop
+            report = self.begin_close(deadline, close_reason(reason))(deadline)
         self._check_strict(report)
         return report
 
@@ -769,6 +789,12 @@ class AppRun:
         """``close()`` for async callers."""
         if self._close_report is not None:
             return self._close_report
+        with runtime().hurry():  # the GIL back promptly, for this thread and the loop
+            report = await self._aclose(timeout, reason)
+        self._check_strict(report)
+        return report
+
+    async def _aclose(self, timeout: float | None, reason: CloseReason | None) -> FlushReport:
         limit = self.options.close_timeout if timeout is None else timeout
         deadline = runtime().close_deadline(limit)
         wait = self.begin_close(deadline, close_reason(reason))
@@ -781,14 +807,24 @@ class AppRun:
             # Awaited on the caller's loop without a thread (a worker thread there keeps a
             # nest_asyncio process from exiting), bounded as close() is. Cancelling the caller
             # abandons the wait, not the close: a later close() waits for the same future.
+            pipeline = self._pipeline
+            assert pipeline is not None
             try:
-                wait_s = max(0.0, deadline - time.monotonic()) + CLOSE_SLACK_S
-                report = await wait_future(future, timeout=wait_s, cancel=False)
+                # Until the deadline; then on through the slack, unless the loop is far
+                # behind (see RunPipeline.behind), as close() does.
+                try:
+                    wait_s = max(0.0, deadline - time.monotonic())
+                    report = await wait_future(future, timeout=wait_s, cancel=False)
+                except concurrent.futures.TimeoutError:
+                    if pipeline.behind():
+                        raise
+                    wait_s = max(0.0, deadline - time.monotonic()) + CLOSE_FENCE_S
+                    report = await wait_future(future, timeout=wait_s, cancel=False)
             except concurrent.futures.TimeoutError:
-                # The loop itself is stuck (an async backend blocking it): answer anyway.
-                report = FlushReport.from_status(self.status(), timed_out=True)
+                # The loop is held (an async backend blocking it): answer anyway, with a
+                # report that is the outcome (see RunPipeline.fence).
+                report = pipeline.fence()
             report = self._closed_with(report)
-        self._check_strict(report)
         return report
 
     # W&B's and Trackio's name for the end of a run: close() (and aclose()), with its report.
