@@ -1,3 +1,3 @@
-from async_tracker.cli.main import main
+from async_tracker.cli.main import entry
 
-raise SystemExit(main())
+entry()

@@ -5,14 +5,22 @@ backends plug in unchanged. ``AsyncTrackerBase`` has the same eight as coroutine
 metrics, a bulk ``write_batch`` and ``aclose``. ``AppRun`` talks to every backend through the
 async interface: plain ``TrackerBase`` objects are wrapped by
 :func:`async_tracker.adapters.as_async`.
+
+Reads see this process's writes. The reads a subclass of either class defines (``metadata``,
+``artifacts``, ``sources``, ``metrics``, ``lineage``, ``run_ids``) are wrapped when the class is
+made: before reading, the wrapper asks the read hook to let the pending records of the runs
+this process writes to that store reach it (see :mod:`async_tracker.own_writes`, which
+installs the hook: this module, below the runtime, cannot call it).
 """
 
 from __future__ import annotations
 
+import contextvars
+import functools
 import inspect
 from abc import ABC, abstractmethod
-from collections.abc import Iterable, Mapping, Sequence
-from typing import TypeAlias
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from typing import Any, Protocol, TypeAlias, TypeVar
 
 from async_tracker.records import (
     Batch,
@@ -29,9 +37,107 @@ Checked: TypeAlias = "TrackerMetric | Mapping[str, object] | TrackerArtifact | T
 """What :meth:`AsyncTrackerBase.validate` is given: a metric point, the metadata of one
 ``add_metadata`` call, an artifact or a source."""
 
+T = TypeVar("T")
+
+# -- reads see this process's writes -----------------------------------------------------------
+# The reads of one run (its run id first): they wait for the writers of that run id. lineage
+# and run_ids wait for every writer of the store: lineage's descendants are other runs, and
+# run_ids lists them all.
+RUN_READS = frozenset({"metadata", "artifacts", "sources", "metrics"})
+STORE_READS = frozenset({"lineage", "run_ids"})
+
+
+class ReadHook(Protocol):
+    """What a backend's read calls first (:mod:`async_tracker.own_writes` implements it):
+    delivers the pending records this process wrote to ``backend``'s store (of ``run_id``;
+    None: of every run), within a deadline, and returns, whatever is left pending."""
+
+    def before_read(self, backend: object, run_id: str | None) -> None: ...
+
+    async def abefore_read(self, backend: object, run_id: str | None) -> None: ...
+
+
+_read_hook: ReadHook | None = None
+# True while a wrapped read runs in this context (a thread, or a task): the reads it makes in
+# turn (an adapter's read calling the plug-in's, lineage built from sources) have been waited
+# for already.
+_in_read: contextvars.ContextVar[bool] = contextvars.ContextVar(
+    "async_tracker_in_read", default=False
+)
+
+
+def install_read_hook(hook: ReadHook) -> None:
+    """Sets what every wrapped read calls first (once, by :mod:`async_tracker.own_writes`)."""
+    global _read_hook
+    _read_hook = hook
+
+
+def _run_id_of(name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str | None:
+    """The run a read is about: its first argument, for the reads of one run; None (every
+    run) for the others, or when the call gives none (it then fails in the read itself)."""
+    if name not in RUN_READS:
+        return None
+    run_id = args[0] if args else kwargs.get("run_id")
+    return run_id if isinstance(run_id, str) else None
+
+
+def _sync_read(name: str, read: Callable[..., T]) -> Callable[..., T]:
+    @functools.wraps(read)
+    def reads_own_writes(self: object, *args: Any, **kwargs: Any) -> T:
+        hook = _read_hook
+        if hook is None or _in_read.get():
+            return read(self, *args, **kwargs)
+        hook.before_read(self, _run_id_of(name, args, kwargs))
+        token = _in_read.set(True)
+        try:
+            return read(self, *args, **kwargs)
+        finally:
+            _in_read.reset(token)
+
+    reads_own_writes.__reads_own_writes__ = True  # type: ignore[attr-defined]
+    return reads_own_writes
+
+
+def _async_read(name: str, read: Callable[..., Awaitable[T]]) -> Callable[..., Awaitable[T]]:
+    @functools.wraps(read)
+    async def reads_own_writes(self: object, *args: Any, **kwargs: Any) -> T:
+        hook = _read_hook
+        if hook is None or _in_read.get():
+            return await read(self, *args, **kwargs)
+        await hook.abefore_read(self, _run_id_of(name, args, kwargs))
+        token = _in_read.set(True)
+        try:
+            return await read(self, *args, **kwargs)
+        finally:
+            _in_read.reset(token)
+
+    reads_own_writes.__reads_own_writes__ = True  # type: ignore[attr-defined]
+    return reads_own_writes
+
+
+def _wrap_reads(cls: type) -> None:
+    """Wraps the reads ``cls`` defines itself (inherited ones are wrapped where defined)."""
+    for name in RUN_READS | STORE_READS:
+        read = cls.__dict__.get(name)
+        if not inspect.isfunction(read) or getattr(read, "__reads_own_writes__", False):
+            continue
+        if inspect.iscoroutinefunction(read):
+            setattr(cls, name, _async_read(name, read))
+        else:
+            setattr(cls, name, _sync_read(name, read))
+
 
 class TrackerBase(ABC):
-    """A blocking tracker backend: torchx's interface, unchanged."""
+    """A blocking tracker backend: torchx's interface, unchanged.
+
+    A subclass's reads first let this process's pending writes to it arrive (see the
+    module's docstring), so ``tracker.metadata(run_id)`` right after ``run.add_metadata(...)``
+    through an ``AppRun`` on ``tracker`` returns that write.
+    """
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        _wrap_reads(cls)
 
     @abstractmethod
     def add_artifact(
@@ -107,12 +213,25 @@ class AsyncTrackerBase(ABC):
     takes (the fsspec backend's root), or None: the exit summary names it in its command.
     ``store_id`` names the store it writes to (``file:///data/runs``): the parts of a batch
     marked done in one store are written again when the batch is replayed into another
-    (``async-tracker sync --to``). None: unknown, and marks are kept.
+    (``async-tracker sync --to``). None: unknown, and marks are kept. Reads use it too: a
+    read waits for this process's writes to any backend object with the same ``store_id``
+    (without one, to this very object).
+
+    The reads a subclass defines, awaited off the tracker loop, first let this process's
+    pending writes to the store arrive (see the module's docstring). On the tracker loop
+    (backend code, the package's readers) they read at once: a delivery may be the very
+    caller, and ``AppRun``'s reads wait for the writes before they read.
     """
 
     name: str | None = None
     store_url: str | None = None
     store_id: str | None = None
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        # Awaited off the tracker loop, a subclass's reads first let this process's pending
+        # writes to it arrive (see the module's docstring).
+        _wrap_reads(cls)
 
     @abstractmethod
     async def add_artifact(

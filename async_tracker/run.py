@@ -3,8 +3,9 @@
 Writes (``add_metadata``, ``add_artifact``, ``add_source``, ``log_metric``, ``log_metrics``)
 check their input, stamp the time and append one tuple to an in-memory buffer: they never
 block, do no I/O and never touch an event loop. The process's tracker loop drains the buffer
-in the background (see :mod:`async_tracker.pipeline`). Reads flush first, so they see the
-caller's own writes.
+in the background (see :mod:`async_tracker.pipeline`). Reads, the run's and its backends'
+own, first wait for this process's pending writes (see :mod:`async_tracker.own_writes`), so
+they see the caller's own writes.
 
 Example::
 
@@ -21,19 +22,21 @@ Example::
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import enum
 import functools
 import logging
 import os
 import threading
 import time
-from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, SupportsFloat, SupportsIndex, TypeVar
 
 from async_tracker.adapters import TrackerLike, as_async
 from async_tracker.base import (
+    RUN_READS,
     AsyncTrackerBase,
     Checked,
     CloseReason,
@@ -45,6 +48,7 @@ from async_tracker.errors import DeliveryError, TrackerClosedError
 from async_tracker.factory import (
     ENV_TORCHX_JOB_ID,
     ENV_TORCHX_PARENT_RUN_ID,
+    ENV_TORCHX_TRACKERS,
     UNDEFINED_JOB_ID,
     build_named_trackers,
     factories_from_environ,
@@ -61,7 +65,7 @@ from async_tracker.ingress import (
     wait_for_room,
     wait_for_writers,
 )
-from async_tracker.pipeline.lane import Lane
+from async_tracker.own_writes import settle, store_key
 from async_tracker.pipeline.overflow import HotPath
 from async_tracker.pipeline.run_pipeline import RunPipeline
 from async_tracker.records import (
@@ -78,9 +82,16 @@ from async_tracker.records import (
 from async_tracker.report import BackendStatus, FlushReport, TrackerStatus
 from async_tracker.retry import RetryPolicy
 from async_tracker.run_config import RunConfig
+from async_tracker.runtime.ending import FINISHED, Ending, decide, exception_now
 from async_tracker.runtime.loop import wait_future
-from async_tracker.runtime.process import close_reason, runtime
-from async_tracker.settings import CLOSE_FENCE_S, CLOSE_SLACK_S, OverflowPolicy, RunOptions
+from async_tracker.runtime.process import runtime
+from async_tracker.settings import (
+    CLOSE_FENCE_S,
+    CLOSE_SLACK_S,
+    OverflowPolicy,
+    RunOptions,
+    read_timeout,
+)
 from async_tracker.spool import check_run_id, default_spool_dir, has_spool
 from async_tracker.system_metrics import SystemMetrics
 from async_tracker.tags import NOTE_KEY, check_note, split_metadata, tag_metadata
@@ -141,20 +152,30 @@ _DISCARD = _Discard()
 
 
 class _Nowhere(_Discard):
-    """The first write of the environment's run without a job id: warns once, then discards
-    (this write and every later one)."""
+    """The first write of the environment's run without a job id, or without a tracker:
+    warns once, then discards (this write and every later one)."""
 
     def __init__(self, run: AppRun) -> None:
         self._run = run
 
     def append(self, record: Record) -> None:
         self._run._sink = _DISCARD
+        if self._run.id == UNDEFINED_JOB_ID:
+            logger.warning(
+                "async_tracker: AppRun.run_from_env() has no %s, so its writes are not "
+                "recorded; set it (torchx does), or use async_tracker.init(project) for a run "
+                "in ./tracker_runs",
+                ENV_TORCHX_JOB_ID,
+            )
+            return
         logger.warning(
-            "async_tracker: AppRun.run_from_env() has no %s, so its writes are not recorded; "
-            "set it (torchx does), or use async_tracker.init(project) for a run in "
-            "./tracker_runs",
-            ENV_TORCHX_JOB_ID,
-        )
+            "async_tracker: %s is set (%s) but no tracker is configured, so "
+            "AppRun.run_from_env()'s writes are not recorded (as in torchx); set %s (and "
+            "TORCHX_TRACKER_<NAME>_CONFIG), or [torchx:tracker] in .torchxconfig where the job "
+            "is launched (torchx run, async-tracker run), or use async_tracker.init(project) "
+            "for a run in ./tracker_runs",
+            ENV_TORCHX_JOB_ID, self._run.id, ENV_TORCHX_TRACKERS,
+        )  # fmt: skip
 
     def extend(self, records: list[Record]) -> None:
         self.append(())
@@ -214,8 +235,11 @@ class AppRun:
             0: none): a run that dies without ending (SIGKILL) then reads as crashed.
 
     Closing seals the run's end record (finished, failed or killed) after everything it
-    accepted; it is delivered, or spooled, like the rest. A run that never wrote anything
-    never started its pipeline: its close sends nothing (no store holds such a run).
+    accepted; it is delivered, or spooled, like the rest. How the run ended is decided in one
+    place, :mod:`async_tracker.runtime.ending`, from what ended it: a run left by an
+    exception, Ctrl-C or SIGTERM, or closed at exit after one, records the reason and, when it
+    did not finish, the exception's type and message. A run that never wrote anything never
+    started its pipeline: its close sends nothing (no store holds such a run).
     """
 
     def __init__(
@@ -268,6 +292,9 @@ class AppRun:
             **{**base.__dict__, **{k: v for k, v in given.items() if v is not None}}
         )
         self._async_backends = [as_async(b) for b in self.backends]
+        # The store of each backend, as reads name it (see own_writes.py): a read of one of
+        # them waits for this run's writes there.
+        self._stores: list[Hashable] = [store_key(b) for b in self._async_backends]
         self._names = _unique_names(
             list(_backend_names)
             if _backend_names
@@ -306,6 +333,12 @@ class AppRun:
         # Set under the start lock when close begins (and never unset). With _pipeline and
         # _close_report, what `state` reads: no field of its own to keep in step with them.
         self.closed = False
+        # What a framework last reported of the work done in this run (report_ending): how a
+        # close that nothing else decides ends it (see runtime.ending.decide).
+        self._reported: Ending | None = None
+        # Whether this process inherited the run from the parent it was forked from (see
+        # begin_close's process_end).
+        self._forked = False
         # Popped by the first close report that leaves records behind (list.pop is atomic,
         # also against a SIGTERM handler's close on top of this thread's): said once.
         self._summary_due: list[None] = [None]
@@ -359,7 +392,8 @@ class AppRun:
 
         ``TORCHX_JOB_ID`` is the run id (default ``<UNDEFINED>``, whose writes go nowhere),
         ``TORCHX_TRACKERS`` and ``TORCHX_TRACKER_<NAME>_CONFIG`` name and configure the
-        backends, ``TORCHX_PARENT_RUN_ID`` becomes a source of the run. Options come from
+        backends (with none, the writes go nowhere too, as in torchx, and the first says so),
+        ``TORCHX_PARENT_RUN_ID`` becomes a source of the run. Options come from
         ``ASYNC_TRACKER_<OPTION>`` variables.
         """
         global _env_run, _env_run_pid
@@ -616,6 +650,8 @@ class AppRun:
                 # Held until closed: a run dropped without close() still has records to
                 # deliver, and the exit hook must find it.
                 process.hold(self)
+                # Reads of its stores wait for its writes from now until its close is over.
+                process.writers.add(self)
             return self._pipeline
 
     def _set_hot(self, mode: HotPath) -> None:
@@ -667,15 +703,38 @@ class AppRun:
                 f"run {self.id!r} is {self.state.value}; flush() needs an open run"
             )
 
+    def report_ending(self, ending: Ending | None) -> None:
+        """What a framework says of the work it last did in this run: None when it ended
+        well, else how it ended (``runtime.ending.ending_of(exc)``, or a failure whose
+        exception is unknown). The integrations call it; a later report replaces an earlier
+        one. A close that nothing else decides (no reason given, no exception at hand, no
+        SIGTERM: the exit hook's after a training that raised and was caught, a ``with``
+        block left normally) ends the run as the last report says."""
+        self._reported = ending
+
     def begin_close(
-        self, deadline: float, reason: CloseReason
+        self,
+        deadline: float,
+        reason: CloseReason | Ending | None = None,
+        exc: BaseException | None = None,
+        *,
+        process_end: bool = False,
     ) -> Callable[[float], FlushReport]:
         """Begins closing the run by ``deadline`` (``time.monotonic()`` seconds), or moves
         the deadline of the close under way earlier (never later); returns a function that
         waits for the report until a given ``time.monotonic()`` deadline (plus a slack), and
         answers with the state then if the close is not over. Split so that the process's
-        exit and SIGTERM can close every run at once; ``reason`` counts only for the first
-        close."""
+        exit and SIGTERM can close every run at once. The run's ending is decided from
+        ``reason`` (named by the caller), ``exc`` (the exception at hand) and what was
+        reported (see :func:`~async_tracker.runtime.ending.decide`); it counts only for the
+        first close.
+
+        ``process_end``: the runtime closes the run because this process ends (exit,
+        SIGTERM). In a forked child (a ``multiprocessing`` pool's or a DataLoader's worker),
+        the run it inherited is its parent's: the child ends its own share as finished, and
+        the run ends as the process that opened it says (a pool that terminates its workers
+        by SIGTERM at its exit must not make the job's run killed). Code in the child that
+        closes the run itself (a framework's rank forked to train) decides as anywhere."""
         if self._system is not None:
             self._system.stop()
         with self._start_lock:
@@ -702,12 +761,21 @@ class AppRun:
         with self._start_lock:
             future = self._close_future
             if future is None:
+                forked = process_end and self._forked
+                ending = FINISHED if forked else decide(reason, exc, self._reported)
+                # What ended a run that did not finish is metadata, stamped by the process's
+                # metadata clock as a write is: a later life's ending wins over an earlier
+                # one's whatever the clocks did. (The wall clock of the end record's time,
+                # not the records' own, which tests replace.)
+                stamp = _metadata_clock.stamp(time.time_ns()) if ending.record() else 0
                 timeout = max(0.0, deadline - time.monotonic())
                 # The deadline itself, not only the time left: a loop that starts the close
                 # late (busy, or short of the GIL) must not move it later.
                 future = self._close_future = loop.submit(
-                    functools.partial(pipeline.close, timeout, reason, deadline=deadline)
+                    functools.partial(pipeline.close, timeout, ending, stamp, deadline=deadline)
                 )
+                # Reads wait for a closing run until its close is over, then no more.
+                future.add_done_callback(self._writes_ended)
             else:
                 # A close under way (another thread's, the exit hook's, the one this signal
                 # interrupted): it ends by the earlier deadline. Handed to the loop, which
@@ -758,7 +826,7 @@ class AppRun:
         return report
 
     def close(
-        self, timeout: float | None = None, reason: CloseReason | None = None
+        self, timeout: float | None = None, reason: CloseReason | Ending | None = None
     ) -> FlushReport:
         """Delivers what it can within ``timeout`` (default ``close_timeout``) and stops.
 
@@ -769,35 +837,60 @@ class AppRun:
         exit), and nothing of the run moves them afterwards, but the ``in_doubt`` records of
         a backend call cut off at the deadline, which the backend may still store.
         Idempotent; writes afterwards raise :class:`TrackerClosedError`. ``reason`` (how the
-        job ended, passed to each backend's ``end_run``: an MLflow run's status) defaults to
-        ``failed`` when called while an exception propagates or as the process exits on one,
-        else ``finished``.
+        job ended, passed to each backend's ``end_run``: an MLflow run's status) is decided
+        when not given, by the rule of :mod:`async_tracker.runtime.ending`: ``killed`` after
+        SIGTERM or while a ``KeyboardInterrupt`` propagates, ``failed`` (with the exception's
+        type and message) while another exception propagates or as the process exits on one,
+        else what a framework last reported on the run, else ``finished``. An
+        :class:`~async_tracker.runtime.ending.Ending` (an integration's, found by that rule)
+        is taken as it is.
         """
+        return self._close(timeout, reason, exception_now())
+
+    def _close(
+        self,
+        timeout: float | None,
+        reason: CloseReason | Ending | None,
+        exc: BaseException | None,
+    ) -> FlushReport:
         if self._close_report is not None:
             return self._close_report
         limit = self.options.close_timeout if timeout is None else timeout
         process = runtime()
         deadline = process.close_deadline(limit)
         with process.hurry():  # the GIL back promptly, for this thread and the loop
-            report = self.begin_close(deadline, close_reason(reason))(deadline)
+            report = self.begin_close(deadline, reason, exc)(deadline)
         self._check_strict(report)
         return report
 
     async def aclose(
-        self, timeout: float | None = None, reason: CloseReason | None = None
+        self, timeout: float | None = None, reason: CloseReason | Ending | None = None
     ) -> FlushReport:
         """``close()`` for async callers."""
+        return await self._aclose(timeout, reason, exception_now())
+
+    async def _aclose(
+        self,
+        timeout: float | None,
+        reason: CloseReason | Ending | None,
+        exc: BaseException | None,
+    ) -> FlushReport:
         if self._close_report is not None:
             return self._close_report
         with runtime().hurry():  # the GIL back promptly, for this thread and the loop
-            report = await self._aclose(timeout, reason)
+            report = await self._aclose_within(timeout, reason, exc)
         self._check_strict(report)
         return report
 
-    async def _aclose(self, timeout: float | None, reason: CloseReason | None) -> FlushReport:
+    async def _aclose_within(
+        self,
+        timeout: float | None,
+        reason: CloseReason | Ending | None,
+        exc: BaseException | None,
+    ) -> FlushReport:
         limit = self.options.close_timeout if timeout is None else timeout
         deadline = runtime().close_deadline(limit)
-        wait = self.begin_close(deadline, close_reason(reason))
+        wait = self.begin_close(deadline, reason, exc)
         future = self._close_future
         if future is None:  # nothing was started: wait() answers at once
             report = wait(deadline)
@@ -878,8 +971,10 @@ class AppRun:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
+        # The block's own exception decides (None: it ended normally, whatever an enclosing
+        # except clause is handling): see runtime.ending for the rule.
         try:
-            self.close(reason="finished" if exc is None else "failed")
+            self._close(None, None, exc)
         except DeliveryError:
             if exc is None:  # a strict run's error must not replace the caller's own
                 raise
@@ -894,7 +989,7 @@ class AppRun:
         tb: TracebackType | None,
     ) -> None:
         try:
-            await self.aclose(reason="finished" if exc is None else "failed")
+            await self._aclose(None, None, exc)
         except DeliveryError:
             if exc is None:
                 raise
@@ -908,37 +1003,63 @@ class AppRun:
         self._close_future = None
         self._summary_due = [None]
         self._system = None  # the parent samples; its task is not ours to stop
+        self._reported = None  # the parent's training, not the child's
+        self._forked = True
         self._start_lock = threading.RLock()
         if not self.closed and self._async_backends:
             self._sink = _FirstWrite(self)
 
-    # -- reads ---------------------------------------------------------------------------------
-    def _reader(self) -> tuple[AsyncTrackerBase, list[Lane]] | None:
-        """The backend reads go to (the first, as in torchx) and its lane, if any."""
-        if not self._async_backends:
-            return None
-        pipeline = self._pipeline
-        lanes = [pipeline.lanes[0]] if pipeline is not None else []
-        return self._async_backends[0], lanes
+    # -- what reads wait for (the process's writers: see own_writes.py) -----------------------
+    def writes_to(self, store: Hashable) -> bool:
+        """Whether one of the run's backends is ``store`` (an :func:`own_writes.store_key`)."""
+        return store in self._stores
 
+    async def settle_writes(self, store: Hashable, timeout: float | None) -> int:
+        """On the tracker loop, for a read of ``store``: waits at most ``timeout`` seconds
+        (None: no bound) until what the run accepted so far has reached ``store``; returns
+        how many of its records have not (in memory, or spooled)."""
+        pipeline = self._pipeline
+        if pipeline is None:  # nothing written (or, in a forked child, nothing of its own)
+            return 0
+        lanes = [lane for lane, s in zip(pipeline.lanes, self._stores) if s == store]
+        future = self._close_future
+        if not self.closed:
+            # Only the lanes of that store: a slow other backend must not delay the read.
+            await pipeline.flush(timeout, lanes)
+        elif future is not None:
+            # Closing: the close delivers (or spools) everything by its own deadline, and
+            # stops the lanes a flush would wait for; wait for it instead. Abandoned, not
+            # cancelled, at the read's deadline; its errors are its caller's to see.
+            with contextlib.suppress(Exception):
+                await wait_future(future, timeout=timeout, cancel=False)
+        backends = pipeline.status().backends
+        return sum(
+            b.buffered + b.in_flight + b.spooled
+            for b in (backends[lane.name] for lane in lanes)
+        )
+
+    def _writes_ended(self, _: object) -> None:
+        # The close's done callback (on the tracker loop, or where the close ended): its
+        # report is made, nothing of the run is on its way any more.
+        runtime().writers.discard(self)
+
+    # -- reads ---------------------------------------------------------------------------------
     async def _read(self, method: str, *args: Any) -> Any:
-        reader = self._reader()
-        assert reader is not None
-        backend, lanes = reader
-        if self._pipeline is not None and not self.closed:
-            # Only the lane we read from: a slow second backend must not delay this read.
-            # Bounded like close(): a hung backend delays a read, never holds it forever
-            # (the read then may miss this process's latest writes).
-            await self._pipeline.flush(self.options.close_timeout, lanes)
+        """``method`` of the first backend (as in torchx), on the tracker loop, once this
+        process's writes there have arrived: this run's, and any other run's of this id (of
+        any id for lineage, whose descendants are other runs)."""
+        backend = self._async_backends[0]
+        run_id = self.id if method in RUN_READS else None
+        await settle(self._stores[0], run_id, read_timeout(), f"run {self.id!r}: {method}()")
         return await getattr(backend, method)(self.id, *args)
 
     def _read_sync(self, method: str, *args: Any) -> Any:
-        if self._reader() is None:
+        if not self._async_backends:
             return None
         return self._run_on_loop(self._read, method, *args)
 
     async def _aread(self, method: str, *args: Any) -> Any:
-        if self._reader() is None:
+        if not self._async_backends:
             return None
         return await _await_on_tracker_loop(self._read, method, *args)
 
@@ -1002,11 +1123,12 @@ class AppRun:
         return self._as_trackable(await self._aread("sources") or [])
 
     def children(self) -> list[AppRun]:
-        """The runs that name this run as their parent (``run_ids(parent_run_id=...)``)."""
-        if self._reader() is None:
+        """The runs that name this run as their parent (``run_ids(parent_run_id=...)``),
+        this process's runs writing there included."""
+        if not self._async_backends:
             return []
         backend = self._async_backends[0]
-        ids = self._run_on_loop(_run_ids_of_parent, backend, self.id)
+        ids = self._run_on_loop(_run_ids_of_parent, backend, self._stores[0], self.id)
         return [self._relative(i) for i in ids]
 
     def lineage(self) -> Lineage:
@@ -1053,7 +1175,10 @@ _WRITE_CODES = frozenset(
 )
 
 
-async def _run_ids_of_parent(backend: AsyncTrackerBase, parent: str) -> list[str]:
+async def _run_ids_of_parent(
+    backend: AsyncTrackerBase, store: Hashable, parent: str
+) -> list[str]:
+    await settle(store, None, read_timeout(), f"run {parent!r}: children()")
     return list(await backend.run_ids(parent_run_id=parent))
 
 
@@ -1106,6 +1231,11 @@ def _build_run_from_env() -> AppRun:
         _backend_names=[n for n, _ in named],
         _owns_backends=True,
     )
+    if not named:
+        # A job with no tracker configured: nothing is recorded, as in torchx (a torchx job
+        # always has a job id, and trackers only when configured), but the first write says
+        # so instead of going nowhere silently.
+        run._sink = _Nowhere(run)
     parent = os.environ.get(ENV_TORCHX_PARENT_RUN_ID)
     if parent:
         logger.info("async_tracker: parent run of %r is %r", job_id, parent)

@@ -207,6 +207,8 @@ DEFAULT_SYNC_TIMEOUT_S = 60.0
 # How long one read of a store may take (``Store(timeout=)``, the CLI's ``--timeout``, each
 # request of the dashboard) before it fails naming the store: a store that accepts a
 # connection and never answers must not hold a command for minutes.
+# Also how long a read of a backend (or through an AppRun) waits first for this process's
+# pending writes to it (see own_writes.py) before it answers without them, with a warning.
 DEFAULT_READ_TIMEOUT_S = 30.0
 ENV_READ_TIMEOUT = ENV_PREFIX + "READ_TIMEOUT"
 

@@ -2,6 +2,8 @@
 
 A tag ``t`` that the run has is the metadata key ``async_tracker.tag.<t>`` set to ``True``;
 removing it sets the same key to ``False``. The note is ``async_tracker.note`` (its text).
+How a run that did not finish ended (its reason, and the exception's type and message) is
+``async_tracker.ending``, written by the run's close with its end record.
 Keeping them as metadata gives them everything metadata has: they are spooled and replayed,
 and each key's latest write wins across processes by its hybrid-clock stamp. One key per tag
 (not one list of tags) is what lets two processes tag one run at the same time without either
@@ -25,12 +27,14 @@ import re
 from collections.abc import Iterable, Mapping
 
 __all__ = [
+    "ENDING_KEY",
     "MAX_TAG_LENGTH",
     "NOTE_KEY",
     "RESERVED_KEY_PREFIX",
     "TAG_KEY_PREFIX",
     "check_note",
     "check_tag",
+    "ending_cause",
     "is_reserved_key",
     "split_metadata",
     "tag_metadata",
@@ -40,6 +44,9 @@ __all__ = [
 RESERVED_KEY_PREFIX = "async_tracker."
 TAG_KEY_PREFIX = RESERVED_KEY_PREFIX + "tag."
 NOTE_KEY = RESERVED_KEY_PREFIX + "note"
+# How a run that did not finish ended, sealed with its end record (see
+# async_tracker.runtime.ending): ``{"reason": ..., "type": ..., "message": ...}``.
+ENDING_KEY = RESERVED_KEY_PREFIX + "ending"
 MAX_TAG_LENGTH = 100
 
 # Letters, digits and '_' (any script), then also '.' and '-'. Every backend stores such a
@@ -101,6 +108,14 @@ def tag_metadata(add: Iterable[object] = (), remove: Iterable[object] = ()) -> d
 def is_reserved_key(key: str) -> bool:
     """Whether ``key`` is one of the package's own metadata keys (``async_tracker.*``)."""
     return key.startswith(RESERVED_KEY_PREFIX)
+
+
+def ending_cause(record: Mapping[str, object]) -> str:
+    """What ended a run, as one line, from its ending's record (the value of
+    :data:`ENDING_KEY`): ``ValueError: bad lr``, ``KeyboardInterrupt``, ``SIGTERM``; "" when
+    the record says nothing of it."""
+    parts = [str(record[k]) for k in ("type", "message") if record.get(k)]
+    return ": ".join(parts)
 
 
 def split_metadata(md: Mapping[str, object]) -> tuple[dict[str, object], frozenset[str], str]:

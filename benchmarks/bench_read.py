@@ -38,7 +38,12 @@ in a few processes for the many runs.
    (median of ``--rounds``), then again with the same reader. Baselines, per run: ``mlflow
    runs list`` as a process for the command (mostly its start and imports at this size), and
    ``MlflowClient.search_runs`` (every run, one page) for ``run_summaries()``, over
-   ``--mlflow-runs`` runs (300: the server creates about 10 to 20 runs a second here).
+   ``--mlflow-runs`` runs (300: the server creates about 10 to 20 runs a second here). Then
+   as many runs written by our MLflow backend (``write_batch``: params, two metrics, the
+   end): ``run_summaries()`` through the backend's reader (``search_runs`` and the writers'
+   summary tags) and through the generic reader (every point of every run), in a fresh
+   process each with the HTTP requests counted, and ``async-tracker --tracker mlflow list
+   jobs --limit 20`` as a process, beside ``search_runs`` and ``mlflow runs list``.
 4. **Listing S3**: ``--s3-runs`` (10,000) runs on moto's S3 server, on 127.0.0.1: the
    requests (counted at s3fs's ``_call_s3``, one call per request) and wall time of
    ``open_reader("s3://bucket/runs").run_summaries()``, first and again with the same
@@ -442,6 +447,105 @@ def child_write_mlflow(url: str, points: int, runs: int) -> dict[str, Any]:
     return out
 
 
+def child_write_mlflow_ours(url: str, runs: int, concurrency: int = 8) -> dict[str, Any]:
+    """``runs`` runs through the MLflow backend's ``write_batch``, as a pipeline cuts them:
+    one flush of 3 params and the last points of ``loss`` and ``accuracy`` (as the baseline's
+    runs hold), then the end record; each run with its summary tag, as our writers keep it."""
+    import anyio
+
+    from async_tracker.backend.mlflow import AsyncMLflowTracker
+    from async_tracker.records import Batch, TrackerMetric
+    from async_tracker.runtime.process import runtime
+
+    experiment = f"ours-{time.time_ns()}"
+    backend = AsyncMLflowTracker(experiment, url)
+    token = _token()
+    now = time.time()
+
+    def batches(i: int) -> list[Batch]:
+        ns = time.time_ns()
+        points = [TrackerMetric("loss", 1.0 / (50 + i % 7), 49, now),
+                  TrackerMetric("accuracy", 0.98, 49, now)]  # fmt: skip
+        data = Batch(4, metrics=points, records=5, key=f"{ns:019d}-{token}-{4:012d}")
+        data.metadata = {"lr": 10.0 ** -(i % 5 + 1), "batch": 32 * (1 + i % 3), "model": "mlp"}
+        data.metadata_ns = dict.fromkeys(data.metadata, ns)
+        end = Batch(5, key=f"{ns + 1:019d}-{token}-{5:012d}", end="finished", end_time=now)
+        return [data, end]
+
+    async def write_all() -> None:
+        limiter = anyio.CapacityLimiter(concurrency)
+
+        async def one(i: int) -> None:
+            async with limiter:
+                for batch in batches(i):
+                    await backend.write_batch(f"bench/run-{i:06d}", batch)
+
+        async with anyio.create_task_group() as tg:
+            for i in range(runs):
+                tg.start_soon(one, i)
+        await backend.aclose()
+
+    t = time.perf_counter()
+    runtime().loop.call(write_all)
+    return {"runs_s": time.perf_counter() - t, "experiment": experiment}
+
+
+def _counting_mlflow_requests() -> dict[str, int]:
+    """The MLflow client's HTTP requests from now on, by endpoint (every REST call goes
+    through ``mlflow.utils.rest_utils.http_request``)."""
+    import collections
+
+    from mlflow.utils import rest_utils
+
+    calls: collections.Counter[str] = collections.Counter()
+    real = rest_utils.http_request
+
+    def counted(host_creds: Any, endpoint: str, *args: Any, **kwargs: Any) -> Any:
+        calls[endpoint.rsplit("/", 1)[-1]] += 1
+        return real(host_creds, endpoint, *args, **kwargs)
+
+    rest_utils.http_request = counted
+    return calls
+
+
+def child_mlflow_summaries(url: str, experiment: str, rounds: int, generic: bool) -> dict[str, Any]:
+    """``run_summaries()`` of an MLflow experiment through our reader (``generic``: the
+    generic reader, every point of every run read), first and again, with the requests."""
+    t = time.perf_counter()
+    from async_tracker.backend.mlflow import AsyncMLflowTracker
+    from async_tracker.store.open import open_reader
+    from async_tracker.store.reader import GenericReader
+    from async_tracker.store.sync_reader import Reader
+
+    imported = time.perf_counter() - t
+    backend = AsyncMLflowTracker(experiment, url)
+    if generic:
+        reader = Reader(GenericReader(backend), READ_TIMEOUT_S)
+    else:
+        reader = open_reader(backend, timeout=READ_TIMEOUT_S)
+    calls = _counting_mlflow_requests()
+    t = time.perf_counter()
+    runs = reader.run_summaries()
+    first = time.perf_counter() - t
+    requests = dict(calls)
+    again = []
+    for _ in range(rounds):
+        t = time.perf_counter()
+        reader.run_summaries()
+        again.append(time.perf_counter() - t)
+    # The request our reader makes, alone: the server's and the client's share of the time
+    # (our runs carry more tags than plain ones: the summary, the run id and key ...).
+    exp = backend.client.get_experiment_by_name(experiment).experiment_id
+    raw = []
+    for _ in range(max(1, rounds)):
+        t = time.perf_counter()
+        backend.client.search_runs([exp], max_results=1000)
+        raw.append(time.perf_counter() - t)
+    return {"import_s": imported, "first_s": first, "runs": len(runs), "requests": requests,
+            "again_s": statistics.median(again) if again else None,
+            "search_runs_s": statistics.median(raw)}  # fmt: skip
+
+
 # ---------------------------------------------------------------------------------------------
 # Reading (children: each a fresh process, the import timed apart from the read)
 
@@ -674,6 +778,8 @@ CHILDREN: dict[str, Callable[..., Any]] = {
     "write_big": child_write_big,
     "write_tensorboard": child_write_tensorboard,
     "write_mlflow": child_write_mlflow,
+    "write_mlflow_ours": child_write_mlflow_ours,
+    "mlflow_summaries": child_mlflow_summaries,
     "scalars": child_scalars,
     "event_accumulator": child_event_accumulator,
     "metric_history": child_metric_history,
@@ -962,6 +1068,8 @@ def part_lists(args: argparse.Namespace, tmp: Path, cold: Cold, out: Results,
             mlflow_runs_list_warm_s=ml_cli_warm,
             mlflow_search=ml,
         )
+        ours_ml = mlflow_ours(args, tmp, cold, out, url, ml, ml_cli, ml_cli_warm)
+        figures["mlflow_ours"] = ours_ml
     out.figures["list"] = figures
 
     def per_run(s: float, count: int) -> str:
@@ -991,6 +1099,66 @@ def part_lists(args: argparse.Namespace, tmp: Path, cold: Cold, out: Results,
             "baselines: `mlflow runs list` for the command, search_runs (all runs, one "
             "page) for run_summaries(), per run"
         )
+
+
+def mlflow_ours(
+    args: argparse.Namespace, tmp: Path, cold: Cold, out: Results, url: str,
+    ml: dict[str, Any], ml_cli: float, ml_cli_warm: float,
+) -> dict[str, Any]:  # fmt: skip
+    """Our run list over an MLflow experiment of ``--mlflow-runs`` runs written by our
+    backend (so with summary tags): ``run_summaries()`` through the backend's reader and
+    through the generic one, and ``list jobs --limit 20``, beside the MLflow baselines."""
+    m = args.mlflow_runs
+    mw = in_child("write_mlflow_ours", url=url, runs=m)
+    out.note(f"MLflow: {m:,} runs written by our backend in {mw['runs_s']:.1f} s")
+    cfg = tmp / "mlflow-cfg"
+    cfg.mkdir(exist_ok=True)
+    (cfg / ".torchxconfig").write_text(
+        f"[tracker:mlflow]\nexperiment_name = {mw['experiment']}\ntracking_uri = {url}\n"
+    )
+
+    def list_jobs() -> float:
+        t = time.perf_counter()
+        subprocess.run(
+            [sys.executable, "-m", "async_tracker", "--tracker", "mlflow", "--config", str(cfg),
+             "--timeout", str(READ_TIMEOUT_S), "list", "jobs", "--limit", "20"],
+            check=True, stdout=subprocess.DEVNULL, env=child_env(), cwd=ROOT_DIR,
+        )  # fmt: skip
+        return time.perf_counter() - t
+
+    cold()
+    cli_cold = list_jobs()
+    cli_warm = statistics.median(list_jobs() for _ in range(args.rounds))
+    ours = in_child("mlflow_summaries", url=url, experiment=mw["experiment"],
+                    rounds=args.rounds, generic=False)  # fmt: skip
+    gen = in_child("mlflow_summaries", url=url, experiment=mw["experiment"], rounds=0,
+                   generic=True)  # fmt: skip
+    assert ours["runs"] == gen["runs"] == m, (ours, gen)
+    out.note(
+        f"MLflow, our reader over {m:,} runs of ours: run_summaries() {ours['first_s']:.2f} s "
+        f"first ({ours['requests']}), {ours['again_s']:.2f} s again (its search_runs "
+        f"request alone: {ours['search_runs_s']:.2f} s); the generic reader "
+        f"{gen['first_s']:.2f} s ({sum(gen['requests'].values()):,} requests: "
+        f"{gen['requests']}); list jobs --limit 20: {cli_cold:.2f} s cold, {cli_warm:.2f} s warm"
+    )
+    for label, ours_s, base_s, base in (
+        (f"3 MLflow run_summaries(), {m:,} runs", ours["first_s"], ml["all"]["first_s"],
+         "search_runs"),
+        (f"3 MLflow run_summaries() again, {m:,} runs", ours["again_s"],
+         ml["all"]["again_s"], "search_runs"),
+        (f"3 MLflow run_summaries() again, {m:,} runs, vs its own search", ours["again_s"],
+         ours["search_runs_s"], "search_runs of our runs"),
+        (f"3 MLflow run_summaries(), {m:,} runs, generic reader", gen["first_s"],
+         ours["first_s"], "our reader"),
+        (f"3 MLflow `list jobs --limit 20`, {m:,} runs, {cold.label}", cli_cold, ml_cli,
+         "mlflow runs list"),
+        (f"3 MLflow `list jobs --limit 20`, {m:,} runs, warm", cli_warm, ml_cli_warm,
+         "mlflow runs list"),
+    ):  # fmt: skip
+        out.add(Row(label, seconds(ours_s), f"{seconds(base_s)} ({base})",
+                    ratio(ours_s, base_s)))  # fmt: skip
+    return {"write": mw, "summaries": ours, "generic": gen, "list_jobs_cold_s": cli_cold,
+            "list_jobs_warm_s": cli_warm}  # fmt: skip
 
 
 def part_s3(args: argparse.Namespace, tmp: Path, out: Results) -> None:

@@ -24,25 +24,30 @@ from async_tracker.cli.common import (
     warn,
 )
 from async_tracker.records import TrackerMetric, TrackerSource
-from async_tracker.store.expr import FilterError, differing_params
-from async_tracker.store.runs import select
+from async_tracker.store.expr import (
+    FilterError,
+    differing_params,
+    parse_filter,
+    parse_sort,
+    unknown_keys,
+)
 from async_tracker.store.summary import MetricSummary, RunSummary
 from async_tracker.store.sync_reader import Reader
 from async_tracker.tags import split_metadata
 
 
 def cmd_jobs(t: Reader, args: argparse.Namespace) -> tuple[object, str]:
-    runs = t.run_summaries()
-    if args.parent_run_id:
-        children = set(t.run_ids(parent_run_id=args.parent_run_id))
-        runs = [r for r in runs if r.run_id in children]
     if args.limit < 0:
         raise CliError(f"--limit must be 0 (all) or more, got {args.limit}")
+    children = set(t.run_ids(parent_run_id=args.parent_run_id)) if args.parent_run_id else None
     try:
-        shown, left_out = select(runs, args.filter, args.sort, args.limit)
+        # The newest N, unfiltered (the default), cost summaries of the N runs shown alone.
+        shown, left_out = t.select_runs(args.filter, args.sort, args.limit, children)
     except FilterError as exc:
         # Its first line says where and what was expected; the rest repeats the text.
         raise CliError(str(exc).splitlines()[0]) from None
+    for line in _unknown_keys(t, args.filter, args.sort, shown):
+        warn(line)
     # The params that tell the listed runs apart (a lone run: all of its own).
     keys = (differing_params(shown) if len(shown) > 1 else list(shown[0].params) if shown
             else [])[:MAX_PARAMS]  # fmt: skip
@@ -51,7 +56,7 @@ def cmd_jobs(t: Reader, args: argparse.Namespace) -> tuple[object, str]:
             r.run_id,
             _time(r.start),
             _duration(r.duration_s),
-            r.status,
+            status_cell(r),
             _pairs({k: r.params[k] for k in keys if k in r.params}),
             _pairs({n: m.last for n, m in list(r.metrics.items())[:MAX_COLUMNS]}),
         ]
@@ -69,6 +74,19 @@ def cmd_jobs(t: Reader, args: argparse.Namespace) -> tuple[object, str]:
     return [summary_row(r) for r in shown], text
 
 
+def _unknown_keys(
+    t: Reader, filter: str | None, sort: str | None, shown: Sequence[RunSummary]
+) -> list[str]:
+    """A line per param or metric the filter or sort key names that no run has (with the
+    nearest names): a typo would give an empty or unsorted list and say nothing. Looked up
+    in the runs shown first; the whole store is read only when one is missing there."""
+    keys = [*(parse_filter(filter).keys if filter else ()), *(parse_sort(sort).keys if sort
+            else ())]  # fmt: skip
+    if not unknown_keys(keys, shown) and shown:
+        return []
+    return unknown_keys(keys, t.run_summaries())
+
+
 # At most this many metrics in a row of ``list jobs``, and params that differ between the
 # runs listed (--json has them all).
 MAX_COLUMNS = 3
@@ -84,17 +102,32 @@ def run_row(t: Reader, run_id: str) -> dict[str, Any]:
     raise CliError(f"unknown run id {run_id!r}: `async-tracker list jobs` lists the runs")
 
 
+def status_cell(r: RunSummary) -> str:
+    """The run's status as ``list jobs`` shows it: with what ended a run that failed or was
+    killed, when known (``failed (ValueError: bad lr)``, ``killed (SIGTERM)``)."""
+    cause = r.cause if r.status in ENDED_BADLY else ""
+    return f"{r.status} ({cause})" if cause else r.status
+
+
+# The statuses whose runs may say what ended them (RunSummary.ending): looked up for those
+# alone, which a long listing's runs mostly are not.
+ENDED_BADLY = ("failed", "killed")
+
+
 def summary_row(r: RunSummary) -> dict[str, Any]:
     """What ``list jobs --json`` gives of a run: every field of its summary. ``metrics``
     holds each metric's last value, ``metric_summaries`` its last, min, max, count and last
     step. ``start`` is its first point's time (or its first write's), ``end`` when it
-    ended (None while running), ``heartbeat`` when a writer last wrote or beat."""
+    ended (None while running), ``heartbeat`` when a writer last wrote or beat. ``ending``
+    is what ended a run that failed or was killed (``reason``, and the exception's ``type``
+    and ``message``, or the signal as ``message``), when known, else empty."""
     return {
         "run_id": r.run_id,
         "start": r.start,
         "end": r.end,
         "duration_s": r.duration_s,
         "status": r.status,
+        "ending": dict(r.ending) if r.status in ENDED_BADLY else {},
         "heartbeat": r.heartbeat,
         "params": dict(r.params),
         "tags": sorted(r.tags),
@@ -277,7 +310,7 @@ def register(
         "--sort",
         metavar="[-]KEY",
         help="order by KEY (start, end, duration, status, id, a param, METRIC.last|min|max|"
-        "count|step); --sort=-KEY from largest to smallest (default: newest first)",
+        "count|step); --sort -KEY from largest to smallest (default: newest first)",
     )
     jobs.add_argument(
         "--limit",

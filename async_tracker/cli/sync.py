@@ -15,7 +15,12 @@ from pathlib import Path
 from typing import Any
 
 from async_tracker.cli.common import CliError, to_json, tracker_specs, warn
-from async_tracker.factory import AnyTracker, build_tracker, registered_factories
+from async_tracker.factory import (
+    AnyTracker,
+    build_tracker,
+    registered_factories,
+    tracker_config_env_var_name,
+)
 from async_tracker.init_run import open_store
 from async_tracker.settings import DEFAULT_SYNC_TIMEOUT_S
 
@@ -42,11 +47,12 @@ def is_store_url(target: str) -> bool:
 
 
 def target_tracker(target: str) -> AnyTracker:
-    """What ``--to`` names: a store (the fsspec backend over it), or a factory built with no
-    config (as ``init(backends=[name])`` builds it)."""
+    """What ``--to`` names: a store (the fsspec backend over it), or a factory built with
+    the config torchx would give it (``$TORCHX_TRACKER_<NAME>_CONFIG``; none if unset, as
+    ``init(backends=[name])`` builds it)."""
     if is_store_url(target):
         return open_store(os.path.expanduser(target))
-    return build_tracker(target, target, None)
+    return build_tracker(target, target, os.environ.get(tracker_config_env_var_name(target)))
 
 
 def cmd_sync(args: argparse.Namespace) -> int:

@@ -6,6 +6,12 @@ torchx job (``TORCHX_JOB_ID`` set) it logs to ``AppRun.run_from_env()``, the job
 the tracker closes at exit with the job's outcome; otherwise it opens a run of its own with
 ``async_tracker.init()``, closes it when training ends, and reopens (resumes) the same run id
 if the framework logs again afterwards (``trainer.fit()`` then ``trainer.test()``).
+
+How a training ended is reported, never decided, here: an integration finds its ending with
+:func:`async_tracker.runtime.ending.decide` (SIGTERM, else the exception it saw, else what it
+knows without one) and hands it to :meth:`RunHandle.finish`, which closes a run of its own with
+it, and reports it on a run that is not (``AppRun.report_ending``: the close at exit then
+ends the run as its last training did, when nothing says otherwise).
 """
 
 from __future__ import annotations
@@ -16,11 +22,11 @@ from argparse import Namespace
 from collections.abc import Mapping
 from typing import Any, SupportsFloat
 
-from async_tracker.base import CloseReason
 from async_tracker.factory import ENV_TORCHX_JOB_ID, UNDEFINED_JOB_ID
 from async_tracker.init_run import init
 from async_tracker.records import check_metadata
 from async_tracker.run import AppRun
+from async_tracker.runtime.ending import Ending
 
 logger = logging.getLogger("async_tracker.integrations")
 
@@ -111,27 +117,22 @@ class RunHandle:
             self._run = run
         return run
 
-    def finish(self, reason: CloseReason) -> None:
-        """Training ended with ``reason``: close a run of ours; deliver what waits in one
-        that is not (within ``FLUSH_TIMEOUT_S``: a backend that is down must not hold the
-        end of training forever; what is left keeps going in the background)."""
+    def finish(self, ending: Ending) -> None:
+        """Training ended as ``ending`` says: close a run of ours with it; on one that is
+        not, report it (the run's close at exit, or the caller's, then knows how its last
+        training ended) and deliver what waits in it (within ``FLUSH_TIMEOUT_S``: a backend
+        that is down must not hold the end of training forever; what is left keeps going in
+        the background)."""
         run = self._run
         if run is None or run.closed:
             return
-        report = run.close(reason=reason) if self._owned else run.flush(FLUSH_TIMEOUT_S)
+        if self._owned:
+            report = run.close(reason=ending)
+        else:
+            run.report_ending(ending)
+            report = run.flush(FLUSH_TIMEOUT_S)
         if not report.ok:
             logger.warning("async_tracker: run %r: %s", run.id, report)
-
-
-def close_reason(status: str) -> CloseReason:
-    """Lightning's finalize status as a close reason: ``success`` (and SLURM's requeue
-    ``finished``) is finished, ``failed`` failed, anything else (aborted, interrupted)
-    killed."""
-    if status in ("success", "finished"):
-        return "finished"
-    if status == "failed":
-        return "failed"
-    return "killed"
 
 
 def flatten_params(params: Mapping[Any, Any] | Namespace, sep: str = "/") -> dict[str, object]:
@@ -208,7 +209,6 @@ __all__ = [
     "FLUSH_TIMEOUT_S",
     "RunHandle",
     "add_metadata_leniently",
-    "close_reason",
     "flatten_params",
     "in_torchx_job",
     "json_safe",

@@ -22,6 +22,7 @@ from __future__ import annotations
 import inspect
 import os
 import re
+import sys
 import uuid
 from argparse import Namespace
 from collections.abc import Mapping
@@ -32,18 +33,19 @@ from lightning.fabric.loggers.logger import rank_zero_experiment
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.loggers import Logger
 from lightning.pytorch.utilities import rank_zero_only
+from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from async_tracker.factory import ENV_TORCHX_JOB_ID
 from async_tracker.init_run import init
 from async_tracker.integrations._default import (
     RunHandle,
     add_metadata_leniently,
-    close_reason,
     flatten_params,
     in_torchx_job,
 )
 from async_tracker.records import check_name
 from async_tracker.run import AppRun
+from async_tracker.runtime.ending import SIGTERM, Ending, decide
 from async_tracker.settings import RunOptions, init_timeout
 from async_tracker.spool import check_run_id
 from async_tracker.tags import check_note, tag_metadata
@@ -130,6 +132,8 @@ class AsyncTrackerLogger(Logger):
             ``id=`` if given, else ``<project>/<name>-<8 hex digits>``.
         project, name, dir: ``async_tracker.init()``'s, for that run (project default
             ``"lightning"``; store default ``$ASYNC_TRACKER_DIR``, else ``./tracker_runs``).
+            An empty ``project`` or ``name`` is taken as not given, as Lightning's own
+            loggers take an empty name.
         log_model: ``True`` records the best and the last checkpoint as artifacts
             ``checkpoint/best`` and ``checkpoint/last`` (paths, as saved), kept current as
             Lightning saves; ``"all"`` also records every checkpoint saved under
@@ -162,6 +166,9 @@ class AsyncTrackerLogger(Logger):
             raise ValueError(f"log_model must be True, False or 'all', got {log_model!r}")
         if not isinstance(prefix, str):
             raise TypeError(f"prefix must be a str, got {type(prefix).__name__}")
+        # "" as Lightning's loggers take it (TensorBoardLogger(name="")): nothing given.
+        project = project or None
+        name = name or None
         if project is not None:
             check_name(project, "project")
         if name is not None:
@@ -312,11 +319,12 @@ class AsyncTrackerLogger(Logger):
 
     @rank_zero_only
     def finalize(self, status: str) -> None:
-        """Training ended: ``success`` closes a run the logger opened as finished,
-        ``failed`` as failed, anything else as killed. A run that is not the logger's gets
-        what waits in it delivered instead."""
+        """Training ended: a run the logger opened is closed with the ending
+        :func:`finalize_ending` finds (``success``: finished; ``failed``: as the exception
+        Lightning is handling says, Ctrl-C killed); a run that is not the logger's is told
+        how its training ended, and gets what waits in it delivered."""
         if self._handle is not None:
-            self._handle.finish(close_reason(status))
+            self._handle.finish(finalize_ending(status))
 
     @rank_zero_only
     def after_save_checkpoint(self, checkpoint_callback: ModelCheckpoint) -> None:
@@ -355,6 +363,26 @@ class AsyncTrackerLogger(Logger):
                 self._recorded[artifact] = path
 
 
+def finalize_ending(status: str) -> Ending:
+    """How the training ended, from Lightning's ``finalize(status)`` and the exception it is
+    handling then: ``success`` (and SLURM's requeue, ``finished``) ended well; ``failed`` is
+    called from Lightning's ``except`` clause, so the exception it handles is at hand
+    (``KeyboardInterrupt``: killed, its ``SIGTERMException``: the SIGTERM it stands for, any
+    other: failed with its type and message), and without one the training failed; any other
+    status (aborted, interrupted) was killed. SIGTERM, once the process got one, wins, as
+    :func:`~async_tracker.runtime.ending.decide` says."""
+    if status in ("success", "finished"):
+        return decide()
+    if status != "failed":
+        return decide(None, None, Ending("killed"))
+    exc = sys.exc_info()[1]
+    if isinstance(exc, SIGTERMException):
+        # Lightning's handler saw SIGTERM (ours may not have: another handler, or ours off)
+        # and raised this SystemExit, whose code says nothing.
+        return SIGTERM
+    return decide(None, exc, Ending("failed"))
+
+
 def _resolved(path: str | os.PathLike[str]) -> str:
     """A local path made absolute now (the same in every process, whatever the working
     directory becomes); a URL (``s3://...``) as it is."""
@@ -362,4 +390,10 @@ def _resolved(path: str | os.PathLike[str]) -> str:
     return text if "://" in text else os.path.abspath(text)
 
 
-__all__ = ["DEFAULT_SAVE_DIR", "AsyncTrackerLogger", "check_init_options", "new_run_id"]
+__all__ = [
+    "DEFAULT_SAVE_DIR",
+    "AsyncTrackerLogger",
+    "check_init_options",
+    "finalize_ending",
+    "new_run_id",
+]

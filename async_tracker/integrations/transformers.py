@@ -20,19 +20,15 @@ Without ``run=``, it logs where the Lightning logger would: the torchx job's run
 
 from __future__ import annotations
 
-import atexit
 import json
 import logging
 import os
-import sys
 import threading
-import weakref
 from typing import Any
 
 from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
-from async_tracker.base import CloseReason
 from async_tracker.integrations._default import (
     RunHandle,
     add_metadata_leniently,
@@ -41,6 +37,7 @@ from async_tracker.integrations._default import (
     numeric_logs,
 )
 from async_tracker.run import AppRun
+from async_tracker.runtime.ending import Ending, decide, exception_now
 
 logger = logging.getLogger("async_tracker.integrations")
 
@@ -66,10 +63,20 @@ class AsyncTrackerCallback(TrainerCallback):
       checkpoint's.
     - ``on_train_end``: closes a run the callback opened, as finished (a run that is not its
       own gets what waits in it delivered). A later ``trainer.evaluate()`` reopens it, resumed.
-    - A training that raised (``Trainer.train()`` never reached ``on_train_end``): the run the
-      callback opened is closed when the process exits, as killed when the process ends on
-      a ``KeyboardInterrupt`` (Ctrl-C), else as failed, even when the caller caught the
-      exception; a later ``trainer.train()`` that ends well makes it finished.
+    - A training that raised: ``Trainer.train()`` calls no callback then, so a training that
+      began and never reached ``on_train_end`` did not end well. ``on_train_begin`` reports
+      so on the run (``AppRun.report_ending``) and ``on_train_end`` reports the training's
+      end: a run closed in between by anyone (the caller's ``with`` block, the exit hook)
+      ends failed, or killed on SIGTERM or Ctrl-C, with the exception's type and message
+      when it is at hand (the one the process exits on). A run of the callback's own is
+      also closed when the next training begins in the same thread (the usual sweep: a new
+      ``Trainer`` and callback per trial, ``try``/``except`` around ``train()``), with the
+      exception being handled then if any (a retry in an ``except`` clause), or when the
+      next one begins anywhere once its thread has ended. None of this waits for garbage
+      collection: the callback is held until its training ends. An exception the caller
+      caught and dropped is gone by then: the run says that ``train()`` raised before the
+      training's end. A later ``trainer.train()`` of the same callback continues the same
+      run instead (a retry), and ending well makes it finished.
     - It only reads what the Trainer passes: ``logs``, ``control`` and ``state`` are left as
       they are, and it returns nothing, so other callbacks see the same events and values.
 
@@ -96,9 +103,6 @@ class AsyncTrackerCallback(TrainerCallback):
         self._open_args = (project, name, dir, dict(init_options))
         self._all_ranks = all_ranks
         self._warned: set[str] = set()
-        # A training under way: on_train_begin came, on_train_end not yet. Transformers has no
-        # hook for a train() that raises, so a training still under way at exit failed.
-        self._training = False
 
     @property
     def run(self) -> AppRun | None:
@@ -120,8 +124,10 @@ class AsyncTrackerCallback(TrainerCallback):
             return
         if state.global_step > 0 and self._handle.current is None:
             self._resume_from(args, state)
-        self._training = True
-        _watch(self)
+        _begin(self)
+        # Until on_train_end says otherwise, this training has not ended well: a close
+        # meanwhile (Trainer.train() raised, the caller caught it) ends the run so.
+        self._handle.get().report_ending(NOT_ENDED)
         params: dict[str, Any] = {}
         config = getattr(model, "config", None)
         if config is not None and callable(getattr(config, "to_dict", None)):
@@ -205,14 +211,13 @@ class AsyncTrackerCallback(TrainerCallback):
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
     ) -> None:
         if self._logs_here(state):
-            self._training = False
-            self._handle.finish("finished")
+            with _lock():
+                _under_way.pop(id(self), None)
+            self._handle.finish(decide())
 
-    def _finish_failed(self, reason: CloseReason) -> None:
-        """At exit: a training that never ended raised; a run of ours ends with ``reason``."""
-        if self._training:
-            self._training = False
-            self._handle.finish(reason)
+    def _abandoned(self, ending: Ending) -> None:
+        """The training under way never reached its end: it ends as ``ending`` says."""
+        self._handle.finish(ending)
 
 
 def _checkpoint_folder(args: TrainingArguments, state: TrainerState) -> str:
@@ -231,44 +236,51 @@ def _write_run_file(folder: str, run_id: str) -> None:
         logger.warning("async_tracker: run id not written in %s: %s", folder, exc)
 
 
-# The callbacks whose training began, for the exit hook (weakly: a callback dropped with its
-# Trainer needs no ending from us; its run's own exit hook closes it).
-_watched: weakref.WeakSet[AsyncTrackerCallback] = weakref.WeakSet()
-_watch_lock = threading.Lock()
-_hook_registered = False
+# How a training that began and never reached on_train_end ended, when no exception is at
+# hand to say more (see runtime.ending.decide: SIGTERM and the exception at hand come first).
+NOT_ENDED = Ending(
+    "failed", None, "Trainer.train() raised before the training's end; the exception was caught"
+)
+
+# The trainings under way: callback id -> (callback, the thread it trains in, its pid), from
+# on_train_begin to on_train_end. Held strongly: a training that raised ends (below) whether
+# or not its Trainer and callback are still referenced, never when the garbage collector
+# happens to free them. A forked child inherits the parent's entries: they are the parent's
+# trainings, which the child never ends (the pid says whose they are).
+_under_way: dict[int, tuple[AsyncTrackerCallback, threading.Thread, int]] = {}
+# One lock per process (dict.setdefault is atomic under the GIL): a child forked while
+# another thread of the parent held the lock would otherwise find it held forever.
+_locks: dict[int, threading.Lock] = {}
 
 
-def _watch(callback: AsyncTrackerCallback) -> None:
-    """Registers the exit hook once, at the first training: registered after the tracker's own
-    (which imports ran first), it runs before it (atexit is last in, first out), and closes
-    the runs of failed trainings with their reason before the tracker closes the rest."""
-    global _hook_registered
-    with _watch_lock:
-        _watched.add(callback)
-        if not _hook_registered:
-            atexit.register(_finish_failed_trainings)
-            _hook_registered = True
+def _lock() -> threading.Lock:
+    return _locks.setdefault(os.getpid(), threading.Lock())
 
 
-def _exit_reason() -> CloseReason:
-    """How a training still under way at exit ended: killed when the process ends on a
-    ``KeyboardInterrupt`` (Ctrl-C), else failed. Python keeps the uncaught exception in
-    ``sys.last_exc`` (``sys.last_value`` before 3.12) before it runs the atexit hooks; a
-    notebook keeps an earlier one there too, so it is read only once the main thread ended,
-    as the tracker's own exit hook does."""
-    exc: object = None
-    if not threading.main_thread().is_alive():
-        exc = getattr(sys, "last_exc", None) or getattr(sys, "last_value", None)
-    return "killed" if isinstance(exc, KeyboardInterrupt) else "failed"
-
-
-def _finish_failed_trainings() -> None:
-    reason = _exit_reason()
-    for callback in list(_watched):
+def _begin(callback: AsyncTrackerCallback) -> None:
+    """A training begins in this thread: every other training that began in this thread
+    (a thread trains once at a time) or in a thread that has ended, and has not ended, has
+    raised: it ends now, killed on SIGTERM or a ``KeyboardInterrupt``, else failed, with the
+    exception being handled now, if any, as what ended it. (The trainings still under way
+    when the process exits end with their runs, as their reports say.)"""
+    here, pid = threading.current_thread(), os.getpid()
+    stopped = []
+    with _lock():
+        for key, (other, thread, owner) in list(_under_way.items()):
+            if owner != pid:
+                del _under_way[key]  # the parent's (this is a forked child): not ours to end
+            elif key != id(callback) and (thread is here or not thread.is_alive()):
+                del _under_way[key]
+                stopped.append(other)
+        _under_way[id(callback)] = (callback, here, pid)
+    if not stopped:
+        return
+    ending = decide(None, exception_now(), NOT_ENDED)
+    for other in stopped:
         try:
-            callback._finish_failed(reason)
-        except Exception:  # an exit hook must not stop the others
-            logger.exception("async_tracker: ending a failed training's run")
+            other._abandoned(ending)
+        except Exception:  # one run's close must not stop the others (nor this training)
+            logger.exception("async_tracker: ending the run of a training that raised")
 
 
 __all__ = ["AsyncTrackerCallback"]

@@ -17,7 +17,7 @@ import functools
 import operator
 import time
 from array import array
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from async_tracker.clock import HybridClock
 from async_tracker.ingress import ARTIFACT, METADATA, Record
@@ -108,16 +108,29 @@ class Cutter:
             self.last_step[name] = steps[n - 1 - at]
         return batch
 
-    def cut_end(self, reason: CloseReason, when: float, life_start: float) -> Batch:
+    def cut_end(
+        self,
+        reason: CloseReason,
+        when: float,
+        life_start: float,
+        metadata: Mapping[str, object] | None = None,
+        stamp_ns: int = 0,
+    ) -> Batch:
         """The run's end record, as the last batch: numbered after every record (a replay
         then sends it after them, and its ack covers it), but no record of the user's:
-        ``records`` stays 0, so that counts add up to what was logged."""
+        ``records`` stays 0, so that counts add up to what was logged. ``metadata`` (what
+        ended a run that did not finish: see ``async_tracker.runtime.ending``), stamped
+        ``stamp_ns``, goes with it: backends store a batch's metadata before its end."""
         seq = self.next_seq
         self.next_seq = seq + 1
-        return Batch(
+        batch = Batch(
             seq, first=seq, key=self._key(seq), end=reason, end_time=when,
             life_start=life_start, life=self.life,
         )  # fmt: skip
+        if metadata:
+            batch.metadata = dict(metadata)
+            batch.metadata_ns = dict.fromkeys(metadata, stamp_ns or time.time_ns())
+        return batch
 
     def _mixed(self, records: Sequence[Record], batch: Batch) -> None:
         metadata = batch.metadata

@@ -38,6 +38,7 @@ from async_tracker.pipeline.lane import Lane
 from async_tracker.pipeline.overflow import HotPath, make_overflow
 from async_tracker.records import Batch, MetricColumns
 from async_tracker.report import FlushReport, TrackerStatus
+from async_tracker.runtime.ending import FINISHED, Ending
 from async_tracker.runtime.process import runtime
 from async_tracker.settings import (
     BACKEND_CLOSE_GRACE_S,
@@ -456,13 +457,19 @@ class RunPipeline:
         self.overflow.seal()
 
     async def close(
-        self, timeout: float, reason: CloseReason = "finished", *, deadline: float | None = None
+        self,
+        timeout: float,
+        ending: Ending = FINISHED,
+        stamp_ns: int = 0,
+        *,
+        deadline: float | None = None,
     ) -> FlushReport:
-        """Seals the run's end record (``reason``) after every record accepted, delivers what
-        it can until ``timeout`` (or the earlier deadline :meth:`shorten` set), then stops the
-        lanes whatever they do and spools what they still hold in memory, the end record
-        first, until ``SPOOL_GRACE_S`` past the deadline. Then closes the backends the run
-        built. The ingress was sealed by the caller.
+        """Seals the run's end record (``ending``: its reason, and what ended a run that did
+        not finish as metadata stamped ``stamp_ns``) after every record accepted, delivers
+        what it can until ``timeout`` (or the earlier deadline :meth:`shorten` set), then
+        stops the lanes whatever they do and spools what they still hold in memory, the end
+        record first, until ``SPOOL_GRACE_S`` past the deadline. Then closes the backends the
+        run built. The ingress was sealed by the caller.
 
         The report is the outcome: once it is made, the lanes are over and every write to
         disk either took effect or never will (see :meth:`~async_tracker.spool.log.BatchLog.
@@ -474,7 +481,7 @@ class RunPipeline:
         self._deadline = min(self._deadline, end)
         self.seal()
         try:
-            return await self._close(reason)
+            return await self._close(ending, stamp_ns)
         finally:
             for scope in list(self._waiting):
                 scope.cancel()
@@ -506,17 +513,20 @@ class RunPipeline:
             finally:
                 del self._deadline_scopes[scope]
 
-    def _seal_end(self, reason: CloseReason) -> None:
+    def _seal_end(self, ending: Ending, stamp_ns: int) -> None:
         """The run's end record, after every record cut: to every lane (the last batch)."""
         with self._counting:
             if self.fenced:
                 return
-            sealed = self.cutter.cut_end(reason, time.time(), self.life_start)
+            sealed = self.cutter.cut_end(
+                ending.reason, time.time(), self.life_start, ending.metadata(), stamp_ns
+            )
             for lane in self.lanes:
                 lane.put(sealed)
             self._end_sealed = True
 
-    async def _close(self, reason: CloseReason) -> FlushReport:
+    async def _close(self, ending: Ending, stamp_ns: int) -> FlushReport:
+        reason = ending.reason
         # Until the deadline: cut what waits, seal the end record after it, deliver.
         self._step("cut")
         for lane in self.lanes:
@@ -534,7 +544,7 @@ class RunPipeline:
             with self._until_deadline():
                 await self._cut_all()
         if self.ends_run and not self.waiting():
-            self._seal_end(reason)
+            self._seal_end(ending, stamp_ns)
         self._step("deliver")
         with self._until_deadline() as scope:
             await self._deliver_until_deadline()
@@ -558,7 +568,7 @@ class RunPipeline:
         if self.ends_run and not self._end_sealed:
             # After the last cut. Records the grace left uncut stay in the ingress (counted
             # pending): they never get a number, and the end record is still the last one.
-            self._seal_end(reason)
+            self._seal_end(ending, stamp_ns)
         with self._until_deadline(shield=True, offset=SPOOL_GRACE_S):
             await self._spool_leftovers()
         # Our spool locks, released on the spool thread, in its turn: waited for within the

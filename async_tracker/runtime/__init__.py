@@ -8,6 +8,7 @@ fork.
   wait for it.
 * :mod:`~async_tracker.runtime.threads`: the worker-thread pool for blocking calls.
 * :mod:`~async_tracker.runtime.flusher`: the ticker that drives every run's pipeline.
+* :mod:`~async_tracker.runtime.writers`: the runs writing now, which reads wait for.
 * :mod:`~async_tracker.runtime.signals`: which thread a SIGTERM or a Ctrl-C reaches.
 
 This module imports nothing: the spool's I/O uses the signals module, and the process module

@@ -81,6 +81,9 @@ class TrackerLoop:
             # flush() submitted after a run's registration finds its lanes registered.
             async for fn, args, future in receive:
                 tg.start_soon(self._run, fn, args, future)
+                # Held here until the next item otherwise: the last read's reader and what
+                # it keeps (a store's decoded run index, hundreds of MB) outlived its caller.
+                del fn, args, future
 
     @property
     def thread(self) -> threading.Thread:

@@ -45,10 +45,18 @@ from typing import Any, Protocol, TypeVar
 
 from async_tracker.base import CloseReason
 from async_tracker.report import FlushReport
+from async_tracker.runtime.ending import (
+    Ending,
+    decide,
+    ending_of,
+    exception_now,
+    note_sigterm,
+)
 from async_tracker.runtime.flusher import Flusher
 from async_tracker.runtime.loop import TrackerLoop, wait_future
 from async_tracker.runtime.signals import Mask, block_sigterm, restore
 from async_tracker.runtime.threads import ThreadPool
+from async_tracker.runtime.writers import Writers
 from async_tracker.settings import (
     CLOSE_SWITCH_INTERVAL_S,
     DEFAULT_SIGTERM_GRACE_S,
@@ -81,7 +89,12 @@ class Run(Protocol):
     def close_finished(self) -> bool: ...
 
     def begin_close(
-        self, deadline: float, reason: CloseReason
+        self,
+        deadline: float,
+        reason: CloseReason | Ending | None = None,
+        exc: BaseException | None = None,
+        *,
+        process_end: bool = False,
     ) -> Callable[[float], FlushReport]: ...
 
     def flush(self, timeout: float | None = None) -> FlushReport: ...
@@ -109,6 +122,8 @@ class Runtime:
         # Runs with records on their way, held until they close: the exit hook must close a
         # run its caller dropped without closing (its records live on in the flusher).
         self._held: dict[int, Run] = {}
+        # The runs writing now, which reads wait for (see runtime/writers.py).
+        self.writers = Writers()
         self.sigterm_installed = False
         self._previous_sigterm: Any = None
         # The end of the first SIGTERM's grace (time.monotonic()): no close ends later.
@@ -252,19 +267,27 @@ class Runtime:
         """Closes every open run concurrently, and waits for closes under way: each by
         ``timeout`` from now (default: its own ``close_timeout``, so that a run that allows
         0.2 s never waits out another's 10 s), or the SIGTERM grace's end if earlier; closes
-        under way end by it too. Each run's close says what it could not deliver. ``reason``
-        defaults as :func:`close_reason` says."""
+        under way end by it too. Each run's close says what it could not deliver. Without
+        ``reason``, each run's ending is decided by :func:`~async_tracker.runtime.ending.decide`
+        from the exception ending the process (at exit: the uncaught one) and what was
+        reported on the run. These are the closes of the process's end (exit, SIGTERM, a
+        ``multiprocessing`` child's exit): a forked child's copy of a run of its parent ends
+        its own share of the run, not the run (see ``AppRun.begin_close``)."""
         runs = self.unfinished_runs()
         if not runs:
             return
-        why = close_reason(reason)
+        # Looked up here, in the thread that closes: where the exception is known.
+        exc = exception_now()
         deadlines = [
             self.close_deadline(r.options.close_timeout if timeout is None else timeout)
             for r in runs
         ]
         with self.hurry():
             # Every close begins before any is waited for: they run at once on the loop.
-            waits = [r.begin_close(deadline, why) for r, deadline in zip(runs, deadlines)]
+            waits = [
+                r.begin_close(deadline, reason, exc, process_end=True)
+                for r, deadline in zip(runs, deadlines)
+            ]
             for wait, deadline in zip(waits, deadlines):
                 wait(deadline)
 
@@ -295,6 +318,9 @@ class Runtime:
         self.sigterm_installed = True
 
     def on_sigterm(self, signum: int, frame: FrameType | None) -> None:
+        # First: every run this process closes from now on ends killed, whoever closes it
+        # (below, the previous handler's cleanup, a `with` block it unwinds, the exit hook).
+        note_sigterm()
         grace = env_float("SIGTERM_GRACE", DEFAULT_SIGTERM_GRACE_S)
         # From now on every close, under way or to come, ends by the grace's end: what is not
         # delivered by then is spooled, before the process may die.
@@ -302,16 +328,14 @@ class Runtime:
         previous = self._previous_sigterm
         if previous in (signal.SIG_DFL, None):
             # The default action kills the process without running atexit: end runs now.
-            self.close_all(grace, "killed")
+            self.close_all(grace)
             signal.signal(signal.SIGTERM, signal.SIG_DFL)
             os.kill(os.getpid(), signal.SIGTERM)
             return
         # The previous handler decides whether the process ends: open runs stay open
         # (flushed), and closes under way end (spooling what they could not deliver) first.
         with self.hurry():
-            waits = [
-                r.begin_close(deadline, "killed") for r in self.unfinished_runs() if r.closed
-            ]
+            waits = [r.begin_close(deadline) for r in self.unfinished_runs() if r.closed]
             self.flush_all(max(0.0, deadline - time.monotonic()))
             for wait in waits:
                 wait(deadline)
@@ -361,34 +385,17 @@ async def run_blocking(fn: Callable[..., T], *args: Any, endpoint: str) -> T:
 
 
 def exiting_on_exception() -> bool:
-    """Whether the code calling this is ending on an exception.
-
-    Two cases, checked in the calling thread:
-
-    * an exception is propagating through the caller (``close()`` in a ``finally`` block or
-      an ``except`` clause): ``sys.exc_info()``;
-    * the interpreter is exiting after an uncaught exception (our close runs from an atexit
-      hook): Python stores that exception in ``sys.last_exc``/``sys.last_value`` before it
-      runs atexit hooks. We trust it only when the main thread has finished, because an
-      interactive session (a notebook) keeps ``sys.last_value`` from any earlier error.
-
-    ``SystemExit`` with code 0 or None is a normal exit. A ``sys.exit(1)`` is not seen
-    (Python does not record it) and ends ``finished``; pass ``reason="failed"`` for that.
-    """
-    exc = sys.exc_info()[1]
-    if exc is None and not threading.main_thread().is_alive():
-        exc = getattr(sys, "last_exc", None) or getattr(sys, "last_value", None)
-    if exc is None:
-        return False
-    return not (isinstance(exc, SystemExit) and exc.code in (0, None))
+    """Whether the code calling this is ending on an exception that makes its runs end other
+    than finished (see :func:`~async_tracker.runtime.ending.exception_now` for where it is
+    looked up, and :func:`~async_tracker.runtime.ending.ending_of` for the rule)."""
+    return ending_of(exception_now()).reason != "finished"
 
 
 def close_reason(reason: CloseReason | None) -> CloseReason:
-    """``reason``, or when not given: ``failed`` while exiting on an exception, else
-    ``finished``. Decided in the caller's thread, which is where the exception is known."""
-    if reason is not None:
-        return reason
-    return "failed" if exiting_on_exception() else "finished"
+    """``reason``, or when not given, the reason :func:`~async_tracker.runtime.ending.decide`
+    finds for the calling code now (SIGTERM, the exception it is ending on). Decided in the
+    caller's thread, which is where the exception is known."""
+    return decide(reason, exception_now()).reason
 
 
 def _on_sigterm(signum: int, frame: FrameType | None) -> None:

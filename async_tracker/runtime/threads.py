@@ -48,6 +48,17 @@ T = TypeVar("T")
 
 THREAD_NAME = "async-tracker-worker"
 
+# Set in each worker thread (see in_worker_thread): a plain attribute of a thread-local, read
+# without the pool's lock.
+_this_thread = threading.local()
+
+
+def in_worker_thread() -> bool:
+    """Whether the calling thread is a worker of a pool (it runs a backend's blocking call).
+    Such a call must not wait for deliveries: they may need this very thread, or its
+    endpoint's slot, which it holds until it returns."""
+    return getattr(_this_thread, "worker", False)
+
 
 class _Job(Generic[T]):
     __slots__ = ("endpoint", "fn", "future")
@@ -210,6 +221,7 @@ class ThreadPool:
         return self._ready.popleft()
 
     def _work(self) -> None:
+        _this_thread.worker = True
         finished: str | None = None  # the endpoint of the call just run
         while True:
             with self._cond:

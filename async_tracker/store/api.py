@@ -21,7 +21,6 @@ from typing import Any
 from async_tracker.adapters import TrackerLike
 from async_tracker.base import AsyncTrackerBase
 from async_tracker.store.open import open_reader
-from async_tracker.store.runs import select
 from async_tracker.store.summary import RunSummary
 from async_tracker.store.sync_reader import Reader
 
@@ -65,7 +64,7 @@ class Store:
         column."""
         if limit is not None and limit < 0:
             raise ValueError(f"limit must be None or >= 0, got {limit}")
-        return select(self.reader.run_summaries(), filter, sort, limit)[0]
+        return self.reader.select_runs(filter, sort, limit)[0]
 
     def run(self, run_id: str) -> RunSummary:
         """The summary of ``run_id``, or of the one run whose id starts with it; ``KeyError``

@@ -58,6 +58,7 @@ from async_tracker.run import AppRun
 from async_tracker.runtime.process import runtime
 from async_tracker.store.open import open_reader
 from async_tracker.store.reader import Scalars, merge_points
+from async_tracker.store.runs import select
 from async_tracker.store.sync_reader import Reader
 from async_tracker.tags import NOTE_KEY, TAG_KEY_PREFIX
 
@@ -404,6 +405,31 @@ class ReadConformance:
         assert metadata["lr"] == 0.1 and metadata[NOTE_KEY] == "first try"
         assert metadata[f"{TAG_KEY_PREFIX}baseline"] is True
         assert metadata[f"{TAG_KEY_PREFIX}v2"] is False
+
+    def test_the_newest_runs_are_the_first_of_the_list(
+        self, backend: AsyncTrackerBase, run_id: str, tmp_path: Path
+    ) -> None:
+        """``newest_runs`` (what ``list jobs`` shows by default) gives what ``select`` of
+        every summary gives: the runs that started last, newest first, and how many more."""
+        ids = [f"{run_id}-{i}" for i in range(3)]
+        for i, rid in enumerate(ids):  # one after another: each starts after the one before
+            run = self.app_run(backend, rid, tmp_path)
+            run.add_metadata(i=i)
+            run.log_metric("loss", 1.0 / (i + 1), step=0)
+            self.close(run)
+        reader = self.reader(backend)
+        wanted = set(ids)
+        every = [r for r in reader.run_summaries() if r.run_id in wanted]
+        for limit in (1, 2, 3, 4, 0):
+            shown, left_out = reader.newest_runs(limit, wanted)
+            assert [r.run_id for r in shown] == ids[::-1][: limit or None], limit
+            assert left_out == 3 - len(shown), limit
+            expected, expected_left_out = select(every, limit=limit)
+            assert same(shown, expected) and left_out == expected_left_out, limit
+        # The sync face's choice: the newest alone, or every summary filtered and sorted.
+        assert reader.select_runs(limit=2, run_ids=wanted)[1] == 1
+        picked, _ = reader.select_runs(filter="i>=1", sort="-i", run_ids=wanted)
+        assert [r.run_id for r in picked] == ids[:0:-1]
 
     def test_list_runs_since_a_cursor_gives_what_changed_and_what_is_gone(
         self, backend: AsyncTrackerBase, run_id: str, tmp_path: Path

@@ -78,9 +78,10 @@ Params that differ
 
 from __future__ import annotations
 
+import difflib
 import math
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import TypeAlias
@@ -247,6 +248,7 @@ class _Parser:
         self.tokens = _tokenize(text, self.fail)
         self.i = 0
         self.depth = 0  # parentheses open at the current token
+        self.keys: list[_Key] = []  # every key read, in order
 
     def fail(self, pos: int, reason: str) -> FilterError:
         return FilterError(self.what, self.text, pos + 1, reason)
@@ -270,6 +272,11 @@ class _Parser:
 
     # key := WORD | STRING | WORD"STRING" (params."x", tag:"x") | STRING.AGG ("x".min)
     def key(self) -> tuple[_Key, _Token]:
+        found = self._key()
+        self.keys.append(found[0])
+        return found
+
+    def _key(self) -> tuple[_Key, _Token]:
         tok = self.tok
         if tok.kind == "string":
             self.next()
@@ -624,9 +631,10 @@ class Filter:
     >>> matching = [run for run in runs if f(run)]  # doctest: +SKIP
     """
 
-    def __init__(self, text: str, node: _Node) -> None:
+    def __init__(self, text: str, node: _Node, keys: Sequence[_Key] = ()) -> None:
         self.text = text
         self._node = node
+        self.keys = tuple(keys)
 
     def __call__(self, summary: RunSummary) -> bool:
         try:
@@ -644,7 +652,8 @@ def parse_filter(text: str) -> Filter:
     :class:`FilterError` saying where when it does not parse."""
     parser = _Parser(text, "filter")
     try:
-        return Filter(text, parser.parse_filter())
+        node = parser.parse_filter()
+        return Filter(text, node, parser.keys)
     except RecursionError:
         # Nesting within MAX_FILTER_DEPTH, from a caller whose own stack is already deep.
         raise parser.fail(parser.tok.pos, "nested too deep to read here") from None
@@ -659,6 +668,7 @@ class SortKey:
         self.text = text
         self.reverse = reverse
         self._key = key
+        self.keys = (key,)
 
     def key(self, summary: RunSummary) -> tuple[object, ...]:
         value = self._key.read(summary)
@@ -687,6 +697,29 @@ def parse_sort(text: str) -> SortKey:
     """The sort key ``[-]KEY`` (``-`` for largest first); raises :class:`FilterError`."""
     key, reverse = _Parser(text, "sort key").parse_sort()
     return SortKey(text, key, reverse)
+
+
+def unknown_keys(keys: Iterable[_Key], runs: Sequence[RunSummary]) -> list[str]:
+    """One line per param or metric of ``keys`` that no run of ``runs`` has, naming the
+    nearest names runs do have: a typo in a filter or a sort key gives an empty or unsorted
+    list that would otherwise say nothing. Empty when ``runs`` is (nothing to compare)."""
+    if not runs:
+        return []
+    params = {k for r in runs for k in r.params}
+    metrics = {k for r in runs for k in r.metrics}
+    lines: list[str] = []
+    for key in dict.fromkeys(keys):
+        if key.kind == "param" and key.name not in params:
+            known, what = params | {f"{m}.last" for m in metrics}, f"param {key.name!r}"
+        elif key.kind == "metric" and key.name not in metrics:
+            known, what = {f"{m}.{key.agg}" for m in metrics} | params, f"metric {key.name!r}"
+        else:
+            continue
+        near = difflib.get_close_matches(key.describe() if key.kind == "metric" else key.name,
+                                         sorted(known), n=3, cutoff=0.5)  # fmt: skip
+        hint = f" (nearest: {', '.join(near)})" if near else ""
+        lines.append(f"no run has {what}{hint}")
+    return lines
 
 
 def differing_params(summaries: Sequence[RunSummary]) -> list[str]:
@@ -724,4 +757,5 @@ __all__ = [
     "differing_params",
     "parse_filter",
     "parse_sort",
+    "unknown_keys",
 ]

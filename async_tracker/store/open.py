@@ -26,10 +26,13 @@ def store_dir(dir: str | os.PathLike[str] | None = None) -> str:
     return os.fspath(dir) if dir is not None else os.environ.get(ENV_DIR) or DEFAULT_DIR
 
 
-def open_store(dir: str | os.PathLike[str] | None = None) -> AsyncFsspecTracker:
+def open_store(
+    dir: str | os.PathLike[str] | None = None, *, load_codec: bool = True
+) -> AsyncFsspecTracker:
     """The fsspec backend over a store path or URL (``s3://bucket/prefix``, ``memory://x``);
     :class:`TrackerConfigError` in one line for a URL no filesystem takes (an unknown
-    protocol, a missing extra)."""
+    protocol, a missing extra). ``load_codec``: see
+    :class:`~async_tracker.backend.fsspec.AsyncFsspecTracker`."""
     url = store_dir(dir)
     try:
         fs, root = fsspec.core.url_to_fs(url)
@@ -39,7 +42,7 @@ def open_store(dir: str | os.PathLike[str] | None = None) -> AsyncFsspecTracker:
     protocols = (fs.protocol,) if isinstance(fs.protocol, str) else fs.protocol
     if "file" in protocols:
         root = os.path.abspath(root)  # the same store whatever the working directory becomes
-    return AsyncFsspecTracker(fs, root)
+    return AsyncFsspecTracker(fs, root, load_codec=load_codec)
 
 
 def open_reader(

@@ -31,7 +31,8 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 from async_tracker.adapters import ForeignTracker, ThreadedTracker
 from async_tracker.base import AsyncTrackerBase
 from async_tracker.records import Lineage, TrackerArtifact, TrackerMetric
-from async_tracker.store.summary import MetricSummary, RunSummary
+from async_tracker.store.runs import select
+from async_tracker.store.summary import MetricSummary, RunSummary, stored_ending
 from async_tracker.tags import split_metadata
 
 logger = logging.getLogger(__name__)
@@ -149,6 +150,19 @@ class RunReader(ABC):
             if (old := seen.get(r.run_id)) is None or (old != r and not same_data(old, r))
         ]  # fmt: skip
         return RunListing(changed, frozenset(seen.keys() - now.keys()), cursor, complete=False)
+
+    async def newest_runs(
+        self, limit: int, run_ids: Collection[str] | None = None
+    ) -> tuple[list[RunSummary], int]:
+        """The ``limit`` runs that started last (those of ``run_ids``: all without it), newest
+        first (:func:`~async_tracker.store.runs.newest_first`'s order; 0: every run), and
+        how many more there are: what a list shows by default. The default sorts every
+        summary; a store that keeps each run's start where it lists them (an index) makes
+        the summaries of the runs it returns alone."""
+        runs = await self.run_summaries()
+        if run_ids is not None:
+            runs = [r for r in runs if r.run_id in run_ids]
+        return select(runs, limit=limit)
 
     async def run_summary(self, run_id: str) -> RunSummary | None:
         """The summary of ``run_id``, None when the store has no such run."""
@@ -310,7 +324,8 @@ class GenericReader(RunReader):
         status, end = await self.status(run_id)
         metrics = {name: summarize_points(points) for name, points in curves.items()}
         stamps = [p.timestamp for points in curves.values() for p in points]
-        params, tags, note = split_metadata(dict(await self.metadata(run_id)))
+        metadata = dict(await self.metadata(run_id))
+        params, tags, note = split_metadata(metadata)
         return RunSummary(
             run_id=run_id,
             status=status,
@@ -321,6 +336,7 @@ class GenericReader(RunReader):
             tags=tags,
             note=note,
             metrics=metrics,
+            ending=stored_ending(metadata, status),
         )
 
 

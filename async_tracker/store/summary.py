@@ -15,7 +15,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from async_tracker.tags import split_metadata
+from async_tracker.tags import ENDING_KEY, ending_cause, split_metadata
 
 # The statuses a run can have, as readers show them (see the fsspec store's run_status).
 STATUSES = ("running", "finished", "failed", "killed", "crashed")
@@ -220,7 +220,12 @@ def summarize_columns(columns: Mapping[str, _Columns]) -> tuple[dict[str, Metric
 
 @dataclass(frozen=True)
 class RunSummary:
-    """A run as lists show it and filters see it (the writers' summaries merged)."""
+    """A run as lists show it and filters see it (the writers' summaries merged).
+
+    ``ending`` is how a run that failed or was killed ended, as its end record stored it
+    (``{"reason": ..., "type": ..., "message": ...}``, see ``async_tracker.runtime.ending``);
+    empty for a run that is running, finished or crashed, or whose writer did not say (an
+    older version's). :attr:`cause` says it in one line."""
 
     run_id: str
     status: str = "running"
@@ -231,6 +236,13 @@ class RunSummary:
     tags: frozenset[str] = frozenset()
     note: str = ""
     metrics: Mapping[str, MetricSummary] = field(default_factory=dict)
+    ending: Mapping[str, object] = field(default_factory=dict)
+
+    @property
+    def cause(self) -> str:
+        """What ended a run that failed or was killed, as one line (``ValueError: bad
+        lr``, ``KeyboardInterrupt``, ``SIGTERM``); "" when not known."""
+        return ending_cause(self.ending)
 
     @property
     def duration_s(self) -> float | None:
@@ -265,7 +277,8 @@ def merge(
     ended = status not in ("running", "crashed")
     # Tags and the note are metadata keys (see async_tracker.tags): each key's latest write
     # won above, across writers, so a tag one process removed after another added it is gone.
-    plain, tags, note = split_metadata({k: v for k, (_, v) in params.items()})
+    values = {k: v for k, (_, v) in params.items()}
+    plain, tags, note = split_metadata(values)
     return RunSummary(
         run_id=run_id,
         status=status,
@@ -276,7 +289,18 @@ def merge(
         tags=tags,
         note=note,
         metrics=metrics,
+        ending=stored_ending(values, status),
     )
+
+
+def stored_ending(metadata: Mapping[str, object], status: str) -> dict[str, object]:
+    """The ending a run's metadata holds (:data:`~async_tracker.tags.ENDING_KEY`), when it
+    is the ending of the run's status: an earlier life's (a run requeued after it failed,
+    then finished or killed by a signal) is not. Empty otherwise."""
+    record = metadata.get(ENDING_KEY)
+    if isinstance(record, Mapping) and record.get("reason") == status:
+        return dict(record)
+    return {}
 
 
 _NONE: frozenset[str] = frozenset()
@@ -319,5 +343,6 @@ def _opt_float(value: object) -> float | None:
 
 
 __all__ = [
-    "STATUSES", "MetricSummary", "RunSummary", "WriterSummary", "merge", "summarize_columns",
+    "STATUSES", "MetricSummary", "RunSummary", "WriterSummary", "merge", "stored_ending",
+    "summarize_columns",
 ]

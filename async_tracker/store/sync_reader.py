@@ -18,6 +18,7 @@ from async_tracker.records import Lineage, TrackerArtifact, TrackerMetric
 from async_tracker.runtime.process import runtime
 from async_tracker.settings import read_timeout
 from async_tracker.store.reader import RunListing, RunReader, Scalars, ScalarsRead
+from async_tracker.store.runs import select
 from async_tracker.store.summary import RunSummary
 
 T = TypeVar("T")
@@ -58,6 +59,32 @@ class Reader:
 
     def list_runs(self, since: object | None = None) -> RunListing:
         return self._call(self.reader.list_runs, since)
+
+    def newest_runs(
+        self, limit: int, run_ids: Collection[str] | None = None
+    ) -> tuple[list[RunSummary], int]:
+        return self._call(self.reader.newest_runs, limit, run_ids)
+
+    def select_runs(
+        self,
+        filter: str | None = None,
+        sort: str | None = None,
+        limit: int | None = None,
+        run_ids: Collection[str] | None = None,
+    ) -> tuple[list[RunSummary], int]:
+        """:func:`~async_tracker.store.runs.select` of the runs (those of ``run_ids``: all
+        without it): the runs ``filter`` accepts, in ``sort``'s order, at most ``limit``,
+        and how many ``limit`` left out. The newest ``limit`` runs, unfiltered (what a
+        list shows by default), are asked of the store's reader (:meth:`newest_runs`),
+        which may make those summaries alone; a filter or a sort looks at every summary,
+        here, on the caller's thread (not on the tracker loop: a filter over 100,000 runs
+        takes a while)."""
+        if limit and not filter and not sort:
+            return self.newest_runs(limit, run_ids)
+        runs = self.run_summaries()
+        if run_ids is not None:
+            runs = [r for r in runs if r.run_id in run_ids]
+        return select(runs, filter, sort, limit)
 
     def run_summary(self, run_id: str) -> RunSummary | None:
         return self._call(self.reader.run_summary, run_id)

@@ -98,10 +98,13 @@ def _api(live: LiveStore, endpoint: Endpoint) -> Callable[[Request], Response]:
 
 
 def run_json(run: RunSummary) -> dict[str, Any]:
-    """A run summary as the page reads it."""
+    """A run summary as the page reads it. ``cause``: what ended a run that failed or was
+    killed, when known (``ValueError: bad lr``, ``SIGTERM``), else ""."""
     return {
         "id": run.run_id,
         "status": run.status,
+        # Looked up for those runs alone: a listed run's ending is read when looked at.
+        "cause": run.cause if run.status in ("failed", "killed") else "",
         "start": run.start,
         "end": run.end,
         "heartbeat": run.heartbeat,

@@ -386,3 +386,60 @@ def test_compare_and_plot_take_a_run_name_and_pick_its_newest_run(
         assert done.returncode == 0, done.stderr
         assert json.loads(done.stdout)["runs"] == [ids["mnist/lr-0.1"][1]]
         assert ids["mnist/lr-0.1"][1] in done.stderr
+
+
+def test_every_command_takes_a_run_name_by_one_rule_and_refuses_an_empty_id(
+    isolated: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """tag and the list commands name runs as compare and plot do: a name means its newest
+    run (said on stderr); an empty or blank id (an unset $RUN) names none, even in a store
+    of one run, where every id starts with it."""
+    clock = iter(float(t) for t in range(1_000, 2_000))
+    monkeypatch.setattr(async_tracker.run, "_wall_clock", lambda: next(clock))
+    ids = []
+    for _ in range(2):
+        with async_tracker.init("mnist", name="lr-0.1", quiet=True) as run:
+            run.log_metric("loss", 0.1, step=0)
+        ids.append(run.id)
+    newest = ids[1]
+    for args in (("tag", "mnist/lr-0.1", "+best"), ("list", "metrics", "mnist/lr-0.1"),
+                 ("list", "metadata", "mnist/lr-0.1"), ("lineage", "mnist/lr-0.1")):  # fmt: skip
+        done = cli(*args)
+        assert done.returncode == 0, (args, done.stderr)
+        assert "using the newest" in done.stderr and newest in done.stderr, args
+    tagged = json.loads(cli("--json", "list", "jobs", "--filter", "tag:best").stdout)
+    assert [r["run_id"] for r in tagged] == [newest]
+
+    for args in (("rm", "", "--yes"), ("rm", " ", "--yes"), ("tag", "", "+x"),
+                 ("list", "metrics", "")):  # fmt: skip
+        done = cli(*args)
+        assert done.returncode == 2 and "must not be empty" in done.stderr, (args, done.stderr)
+    listed = json.loads(cli("--json", "list", "jobs").stdout)
+    assert sorted(r["run_id"] for r in listed) == sorted(ids)  # nothing deleted
+
+
+def test_sort_takes_a_minus_key_as_typed_and_unknown_keys_are_named(
+    isolated: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    clock = iter(float(t) for t in range(1_000, 2_000))
+    monkeypatch.setattr(async_tracker.run, "_wall_clock", lambda: next(clock))
+    for lr in (0.1, 0.01, 0.001):
+        with async_tracker.init("mnist", name=f"lr-{lr}", config={"lr": lr}, quiet=True) as run:
+            run.log_metric("loss", lr, step=0)
+    done = cli("--json", "list", "jobs", "--sort", "-lr")  # as typed, not --sort=-lr
+    assert done.returncode == 0, done.stderr
+    assert [r["params"]["lr"] for r in json.loads(done.stdout)] == [0.1, 0.01, 0.001]
+    assert done.stderr == ""
+    done = cli("--json", "list", "jobs", "--sort", "-loss.min")
+    assert [r["params"]["lr"] for r in json.loads(done.stdout)] == [0.1, 0.01, 0.001]
+
+    # A key no run has: the list as asked, and one line naming the nearest columns.
+    done = cli("--json", "list", "jobs", "--sort", "-lrr")
+    assert done.returncode == 0
+    assert done.stderr.strip() == "async-tracker: no run has param 'lrr' (nearest: lr)"
+    done = cli("list", "jobs", "--filter", "los.min<1")
+    assert done.returncode == 0
+    assert "no run has metric 'los' (nearest: loss.min)" in done.stderr
+    # A key some run has is no mistake, even when the runs shown lack it.
+    done = cli("list", "jobs", "--filter", "lr<0.05", "--limit", "1")
+    assert done.returncode == 0 and done.stderr == ""

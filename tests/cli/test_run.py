@@ -20,6 +20,7 @@ import pytest
 
 from async_tracker.cli.main import main
 from async_tracker.cli.run import default_name
+from async_tracker.tags import ENDING_KEY
 from tests.cli.conftest import PARENT, Store, child_env, write_torchxconfig
 
 RUN_ID = re.compile(r"local://async_tracker/(?P<name>.+)-[a-z0-9]{10}")
@@ -286,7 +287,9 @@ def test_sigterm_flushes_the_jobs_run(writable_store: Store, isolated: Path) -> 
     run_id = err.splitlines()[0].removeprefix("async-tracker: run ")
     tracker = writable_store.tracker()
     assert [p.value for p in tracker.metrics(run_id)["loss"]] == [0.5]
-    assert tracker.metadata(run_id) == {"state": "running"}
+    # What ended the run goes with its end record (see runtime/ending.py).
+    ending = {"reason": "killed", "message": "SIGTERM"}
+    assert tracker.metadata(run_id) == {"state": "running", ENDING_KEY: ending}
 
 
 # Records a run with init(), as a script written for W&B-like use would.

@@ -147,3 +147,33 @@ def test_a_synced_run_keeps_its_own_times(
     assert row["start"] == pytest.approx(logged_at)
     assert row["heartbeat"] == pytest.approx(logged_at)
     assert row["duration_s"] == pytest.approx(0.0, abs=1e-3)
+
+
+def test_to_a_factory_builds_it_with_its_torchx_config(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    spool = tmp_path / "spool"
+    subprocess.run(
+        [sys.executable, "-c", SPOOLING_JOB, str(spool)], check=True, env=child_env(), timeout=60
+    )
+    config = tmp_path / "fsspec.cfg"
+    config.write_text(f"protocol=file\nroot_path={tmp_path / 'runs'}\n")
+    monkeypatch.setenv("TORCHX_TRACKER_FSSPEC_CONFIG", str(config))
+    assert main(["sync", str(spool), "--to", "fsspec", "--timeout", "30"]) == 0
+    capsys.readouterr()
+    store = as_sync(open_store(str(tmp_path / "runs")))
+    assert [p.step for p in store.metrics("local://tests/spooled")["loss"]] == list(range(20))
+
+
+def test_a_store_made_with_options_is_not_offered_as_a_sync_url(tmp_path: Path) -> None:
+    """The hint at exit (`sync SPOOL --to URL`) must not name a URL that reaches another store
+    (or none): a config file's endpoint, credentials or other options are not in it."""
+    from async_tracker.adapters import as_async
+    from async_tracker.backend.fsspec import create
+
+    plain, with_options = tmp_path / "plain.cfg", tmp_path / "options.cfg"
+    plain.write_text(f"protocol=file\nroot_path={tmp_path / 'a'}\n")
+    with_options.write_text(f"protocol=file\nroot_path={tmp_path / 'b'}\nauto_mkdir=true\n")
+    a, b = as_async(create(str(plain))), as_async(create(str(with_options)))
+    assert a.store_url == f"file://{tmp_path / 'a'}"
+    assert b.store_url is None and b.url == f"file://{tmp_path / 'b'}"

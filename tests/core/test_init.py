@@ -130,6 +130,23 @@ def test_run_from_env_without_a_job_id_says_once_that_nothing_is_recorded(
     assert "async_tracker.init" in warned[0].getMessage()
 
 
+def test_run_from_env_of_a_job_without_trackers_says_once_that_nothing_is_recorded(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    # What torchx's runner sets for a job when no tracker is configured: the job id alone.
+    monkeypatch.setenv("TORCHX_JOB_ID", "local_cwd://torchx/train-1")
+    run = AppRun.run_from_env()
+    with caplog.at_level(logging.WARNING, logger="async_tracker.run"):
+        run.log_metric("loss", 1.0, step=0)
+        run.log_metrics({"a": 1.0}, step=1)
+        run.add_metadata(lr=0.1)
+    report = run.flush()
+    assert report.ok and report.delivered == 0 and report.pending == 0
+    warned = [r.getMessage() for r in caplog.records if "not recorded" in r.getMessage()]
+    assert len(warned) == 1
+    assert "local_cwd://torchx/train-1" in warned[0] and "TORCHX_TRACKERS" in warned[0]
+
+
 def test_plot_returns_a_figure_of_the_runs_curves_after_close(tmp_path: Path) -> None:
     pytest.importorskip("matplotlib")
     with async_tracker.init("p", dir=str(tmp_path)) as run:

@@ -230,13 +230,15 @@ def test_steps_beyond_int64_make_a_json_segment_read_with_the_rest(root: Path) -
     store = tracker(root)
     w = Writer(store)
     w.write(steps_of("loss", range(3)))
-    huge = [TrackerMetric("loss", 9.0, 2**63, 1.8e9), TrackerMetric("big", 1.0, 2**64 - 1, 1.8e9)]
+    # 2**63 and 2**64 - 1 fit orjson's integers; 2**70 does not (it reads it as a float).
+    huge = [TrackerMetric("loss", 9.0, 2**63, 1.8e9), TrackerMetric("big", 1.0, 2**64 - 1, 1.8e9),
+            TrackerMetric("big", 2.0, 2**70, 1.8e9)]  # fmt: skip
     w.write(huge)
     names = listed(root)
     assert [n.rsplit(".", 1)[1] for n in names] == ["parquet", "jsonl"]
     got = read_metrics(store)
     assert [p.step for p in got["loss"]] == [0, 1, 2, 2**63]
-    assert [p.step for p in got["big"]] == [2**64 - 1]
+    assert [p.step for p in got["big"]] == [2**64 - 1, 2**70]
     # Compaction takes the Parquet segments alone; the JSON one stays and is read.
     w.write(steps_of("loss", range(3, 5)))
     w.end()

@@ -15,11 +15,11 @@ from async_tracker import AppRun
 from async_tracker.backend.memory import InMemoryTracker
 from async_tracker.integrations._default import (
     RunHandle,
-    close_reason,
     flatten_params,
     json_safe,
     numeric_logs,
 )
+from async_tracker.runtime.ending import FINISHED, Ending
 from tests.integrations.helpers import Recorder, Store
 
 
@@ -81,15 +81,6 @@ def test_numeric_logs_keeps_numbers_and_names_the_rest() -> None:
     assert skipped == ["np_many", "text", "none"]
 
 
-@pytest.mark.parametrize(
-    ("status", "reason"),
-    [("success", "finished"), ("finished", "finished"), ("failed", "failed"),
-     ("aborted", "killed"), ("interrupted", "killed")],
-)  # fmt: skip
-def test_close_reason(status: str, reason: str) -> None:
-    assert close_reason(status) == reason
-
-
 def test_a_run_of_our_own_is_closed_by_finish_and_reopened_by_the_next_use(
     store: Store,
 ) -> None:
@@ -100,13 +91,13 @@ def test_a_run_of_our_own_is_closed_by_finish_and_reopened_by_the_next_use(
     assert handle.get() is run
     assert run.id.startswith("proj/first-") and handle.owned
     run.log_metric("loss", 1.0)
-    handle.finish("failed")
+    handle.finish(Ending("failed"))
     assert run.closed and recorder.ended == [(run.id, "failed")]
-    handle.finish("finished")  # nothing more to do
+    handle.finish(FINISHED)  # nothing more to do
     again = handle.get()
     assert again is not run and again.id == run.id
     again.log_metric("loss", 0.5)  # no step: resumed after the last one
-    handle.finish("finished")
+    handle.finish(FINISHED)
     assert [(p.step, p.value) for p in store.metrics(run.id)["loss"]] == [(0, 1.0), (1, 0.5)]
     assert recorder.ended == [(run.id, "failed"), (run.id, "finished")]
 
@@ -117,7 +108,7 @@ def test_a_given_run_is_flushed_not_closed() -> None:
         handle = RunHandle(run, None, None, None, {}, "proj")
         assert handle.get() is run and not handle.owned
         run.log_metric("loss", 1.0, step=0)
-        handle.finish("finished")
+        handle.finish(FINISHED)
         assert not run.closed
         assert len(backend.points("local://tests/given", "loss")) == 1
     assert handle.get() is run  # closed by its owner: not reopened by us
@@ -147,7 +138,7 @@ def test_in_a_torchx_job_the_job_run_is_used_and_init_arguments_are_named_unused
     assert "dir" in caplog.text and "not used" in caplog.text
     assert not handle.owned
     handle.get().log_metric("loss", 1.0, step=0)
-    handle.finish("finished")
+    handle.finish(FINISHED)
     assert not AppRun.run_from_env().closed
     assert store.steps("local://session/job", "loss") == [0]
     assert not (tmp_path / "elsewhere").exists()

@@ -251,7 +251,6 @@ def test_prefix_joins_metric_names_with_a_dash(tmp_path: Path, store: Store) -> 
         ({"id": 3}, TypeError, "id"),
         ({"timeout": -1}, ValueError, "timeout"),
         ({"prefix": 3}, TypeError, "prefix"),
-        ({"project": ""}, ValueError, "project"),
         ({"log_model": "best"}, ValueError, "log_model"),
         ({"tags": ["good", "bad tag"]}, ValueError, "'bad tag'"),
         ({"tags": "baseline"}, TypeError, "tags"),

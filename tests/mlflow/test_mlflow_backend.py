@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import secrets
 import sqlite3
 import subprocess
 import sys
@@ -683,3 +684,31 @@ def test_the_default_store_is_mlflows_own_in_the_working_directory(
     capsys.readouterr()
     reader = MLflowTracker(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
     assert [p.value for p in reader.metrics("local://to-sync")["loss"]] == [0.25]
+
+
+def test_init_with_the_mlflow_backend_lands_in_the_experiment_named_by_the_project(
+    tracking_uri: str, client: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Not torchx's default experiment (named after the user and host): the project's, unless
+    an experiment is chosen ($TORCHX_TRACKING_EXPERIMENT_NAME, $MLFLOW_EXPERIMENT_NAME)."""
+    import async_tracker
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", tracking_uri)
+    project = f"proj-{secrets.token_hex(3)}"
+    with async_tracker.init(project, dir=str(tmp_path / "runs"), backends=["mlflow"],
+                            quiet=True) as run:  # fmt: skip
+        run.log_metric("loss", 0.5, step=0)
+    experiment = client.get_experiment_by_name(project)
+    assert experiment is not None
+    (found,) = client.search_runs([experiment.experiment_id])
+    assert found.info.run_name == run.id and found.data.metrics == {"loss": 0.5}
+
+    chosen = f"chosen-{secrets.token_hex(3)}"
+    monkeypatch.setenv("MLFLOW_EXPERIMENT_NAME", chosen)
+    with async_tracker.init(project, dir=str(tmp_path / "runs"), backends=["mlflow"],
+                            quiet=True) as other:  # fmt: skip
+        other.log_metric("loss", 0.25, step=0)
+    chosen_experiment = client.get_experiment_by_name(chosen)  # the user's choice wins
+    assert chosen_experiment is not None
+    (found,) = client.search_runs([chosen_experiment.experiment_id])
+    assert found.info.run_name == other.id

@@ -30,6 +30,7 @@ from async_tracker.backend.fsspec import (
     index,
     summary_path,
 )
+from async_tracker.backend.fsspec.indexcheckpoint import Checkpoint
 from async_tracker.backend.fsspec.reader import FsspecReader
 from async_tracker.backend.fsspec.summaries import run_summaries
 from async_tracker.errors import BackendUnavailableError
@@ -37,6 +38,7 @@ from async_tracker.init_run import open_store
 from async_tracker.records import Batch, TrackerMetric
 from async_tracker.runtime.process import runtime
 from async_tracker.settings import CRASHED_AFTER_BEATS
+from async_tracker.store.runs import select
 from async_tracker.store.summary import RunSummary
 
 TOKEN = "1795000000000000000xabc123"
@@ -575,3 +577,49 @@ def test_a_crash_once_compacted_is_not_judged_again(
     # Before ``later``, the checkpoint's judgement does not hold: judged again.
     listing(root, later - 10 * CRASHED_AFTER_BEATS)
     assert judged == ["r/0"]
+
+
+# -- the newest runs (list jobs's default) ------------------------------------------------------
+
+
+def test_the_newest_runs_are_the_lists_first_and_only_theirs_are_made(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``newest_runs`` orders the runs by the starts that the checkpoint's rows keep and
+    makes the summaries of the runs it returns alone (a list of 100,000 runs that shows 20
+    makes 20); it gives what ``select`` of every summary gives: runs of equal start in the
+    list's order, runs with no start last by id, runs the checkpoint does not give as they
+    are (live, claimed, torchx's) among them."""
+    root = tmp_path / "runs"
+    mixed_store(root)  # most start at 1000.0 (see keyed_batch): ties
+    for k in range(1, 4):  # and some later
+        write(root, f"later/{k}", keyed_batch(TOKEN, 3, range(10 * k, 10 * k + 3), "finished"))
+    listing(root, NOW)  # the first listing compacts the index: a checkpoint
+    loop = runtime().loop
+    every = loop.call(backend(root).reader().run_summaries)
+    assert any(r.start is None for r in every) and len({r.start for r in every}) < len(every)
+    made: list[str] = []
+    real = Checkpoint.summary
+
+    def summary(self: Checkpoint, run_id: str) -> RunSummary:
+        made.append(run_id)
+        return real(self, run_id)
+
+    monkeypatch.setattr(Checkpoint, "summary", summary)
+    some = {r.run_id for r in every[::2]}
+    for run_ids in (None, some):
+        runs = every if run_ids is None else [r for r in every if r.run_id in run_ids]
+        for limit in range(len(runs) + 2):
+            reader = backend(root).reader()  # its own cache: no summary made before
+            made.clear()
+            shown, left_out = loop.call(reader.newest_runs, limit, run_ids)
+            want, want_left_out = select(runs, limit=limit)
+            assert [r.run_id for r in shown] == [r.run_id for r in want], limit
+            same({r.run_id: r for r in shown}, {r.run_id: r for r in want})
+            assert left_out == want_left_out, limit
+            assert len(made) <= len(shown), (limit, made)
+            if limit == 0:  # all: most come from the checkpoint's rows
+                assert len(made) > len(runs) // 2, made
+            # Listed again by the same reader (its checkpoint kept, decoded): the same.
+            again, _ = loop.call(reader.newest_runs, limit, run_ids)
+            assert [r.run_id for r in again] == [r.run_id for r in want], limit

@@ -1,5 +1,7 @@
 """The read conformance suite on MLflow: a real tracking server (started once per session,
-on 127.0.0.1), one experiment per test, read through the generic reader."""
+on 127.0.0.1), one experiment per test, read through the backend's reader (``MLflowReader``):
+runs listed from their writers' summary tags, and, where writers kept none (as an older
+version wrote), from their points."""
 
 from __future__ import annotations
 
@@ -11,7 +13,7 @@ import pytest
 pytest.importorskip("mlflow")
 
 from async_tracker import AsyncTrackerBase
-from async_tracker.backend.mlflow import AsyncMLflowTracker
+from async_tracker.backend.mlflow import AsyncMLflowTracker, tracker
 from async_tracker.store.conformance import ReadConformance, on_loop
 from tests.mlflow.conftest import mlflow_server, tracking_uri  # noqa: F401
 
@@ -34,3 +36,12 @@ class TestMLflow(ReadConformance):
     def another_writer(self, backend: AsyncTrackerBase) -> AsyncTrackerBase:
         assert isinstance(backend, AsyncMLflowTracker)
         return AsyncMLflowTracker(backend.experiment_name, backend.tracking_uri)
+
+
+class TestMLflowWithoutSummaries(TestMLflow):
+    """Every run as an older version wrote it: no summary tag, so the reader summarises
+    every run from its points."""
+
+    @pytest.fixture(autouse=True)
+    def no_summaries(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        monkeypatch.setattr(tracker, "summary_tags", lambda token, summary: [])

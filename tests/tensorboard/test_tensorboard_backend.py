@@ -48,6 +48,7 @@ from async_tracker.errors import (
     TransientBackendError,
     classify,
 )
+from async_tracker.tags import ENDING_KEY
 from tests.core.helpers import python_env
 from tests.tensorboard.helpers import accumulate, f32, scalars, text
 
@@ -345,8 +346,12 @@ async def test_end_run_records_how_the_run_ended(tmp_path: Path) -> None:
     assert await tracker.run_status("failing") == "failed"
     assert await tracker.run_status("fine") == "finished"
     assert text(accumulate(tracker.logdir("failing")), STATUS_TAG) == [["`failed`"]]
-    # The status is not metadata: metadata() reads what the job wrote.
-    assert await tracker.metadata("failing") == {}
+    # The status is not metadata: metadata() reads what the job wrote, and what ended a run
+    # that did not finish (the reserved key sealed with its end record).
+    assert await tracker.metadata("failing") == {
+        ENDING_KEY: {"reason": "failed", "type": "KeyError", "message": "'boom'"}
+    }
+    assert await tracker.metadata("fine") == {}
 
 
 async def test_aclose_ends_the_runs_still_open_and_writes_again_later(tmp_path: Path) -> None:

@@ -22,6 +22,7 @@ so are imported at the first write or read of metrics, never with the package.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
@@ -164,21 +165,34 @@ class AsyncFsspecTracker(AsyncTrackerBase):
 
     The tracker is a :class:`FsspecWriter` and a :class:`FsspecReader` over one storage:
     each method hands its call to the half it belongs to.
+
+    The metric codec (numpy and pyarrow) loads when the store is made, on the caller's
+    thread; with ``load_codec=False``, at its first read or write of points, in a worker
+    thread (a process that never touches a point never loads it).
     """
 
     name = "fsspec"
 
-    def __init__(self, fs: fsspec.AbstractFileSystem, root_dir: str) -> None:
+    def __init__(
+        self, fs: fsspec.AbstractFileSystem, root_dir: str, *, load_codec: bool = True
+    ) -> None:
         # The metric codec (numpy, pyarrow) loads here, on the caller's thread, not with the
         # package (a job that imports it to log elsewhere never pays for it) nor on the
         # tracker's thread at the first write (see runtime.process.import_here: why).
-        import_here(METRIC_CODEC)
+        # load_codec=False leaves it to the first read or write of points (in a worker
+        # thread): for a process that may never touch one and does not end by an uncaught
+        # Ctrl-C, such as the CLI's (`list jobs` reads the run index alone).
+        if load_codec:
+            import_here(METRIC_CODEC)
         self.fs = fs
         self.root_dir = fs._strip_protocol(root_dir).rstrip("/") or "/"
-        # The store as a URL (file:///data/runs, s3://bucket/runs): what
-        # `async-tracker sync --to` takes to deliver spooled records here.
+        # The store as a URL (file:///data/runs, s3://bucket/runs), as errors name it; and
+        # what `async-tracker sync --to` takes to deliver spooled records here, unless the
+        # filesystem was made with options a URL does not carry (a config file's endpoint or
+        # credentials: the URL alone would reach another store, or none).
         url = fs.unstrip_protocol(self.root_dir)
-        self.store_url: str | None = url
+        self.url = url
+        self.store_url: str | None = None if fs.storage_options else url
         storage = _Storage(fs, url)
         # The store's identity: parts of a batch done here are not done elsewhere.
         self.store_id = url
@@ -254,6 +268,19 @@ class AsyncFsspecTracker(AsyncTrackerBase):
         """Claims ``run_id`` in one atomic step: True if this call created its claim, False if
         the run was claimed already (see :meth:`FsspecWriter.claim_run`)."""
         return await self._writer.claim_run(run_id, claim)
+
+    async def run_claim(self, run_id: str) -> dict[str, object] | None:
+        """What the claim of ``run_id`` holds (what :meth:`claim_run` was given): None when
+        the run has no claim, ``{}`` when it cannot be read as a JSON object (one being
+        created shows empty for a moment on local and POSIX filesystems)."""
+        data = await self._reader.storage.get(self._reader.path(run_id, CLAIM_FILE))
+        if data is None:
+            return None
+        try:
+            claim = json.loads(data)
+        except ValueError:
+            return {}
+        return claim if isinstance(claim, dict) else {}
 
     async def heartbeat(
         self, run_id: str, interval_s: float, delivery: Mapping[str, object] | None = None
@@ -335,7 +362,7 @@ class AsyncFsspecTracker(AsyncTrackerBase):
         with lazy_imports:
             from async_tracker.backend.fsspec.runreader import FsspecRunReader
 
-        return FsspecRunReader(self._reader, f"store {self.store_url}")
+        return FsspecRunReader(self._reader, f"store {self.url}")
 
     def __repr__(self) -> str:
         return f"AsyncFsspecTracker({type(self.fs).__name__}, {self.root_dir!r})"

@@ -100,6 +100,7 @@ import orjson
 from async_tracker.backend.fsspec.cache import SummaryFileCache
 from async_tracker.backend.fsspec.indexcheckpoint import (
     _AT,
+    _START,
     _STATUS,
     Checkpoint,
     _decode,
@@ -208,8 +209,10 @@ class _Runs(Mapping[str, _Found]):
 
 @dataclasses.dataclass
 class IndexRead:
-    """What one listing found: the runs to summarise from their entries (``found``), the runs
-    the checkpoint gave as they are (``ready``), and what a compaction builds on."""
+    """What one listing found: the runs to summarise from their entries (``found``), the ids
+    of the runs the checkpoint gives as they are (``ready_ids``: their summaries are made
+    from its rows when asked for, see :meth:`Checkpoint.summary`), and what a compaction
+    builds on."""
 
     checkpoint: Checkpoint | None = None
     newest: int = 0  # the highest checkpoint number listed (0: none)
@@ -217,8 +220,8 @@ class IndexRead:
     # The root's summary files of the previous version, when the root was listed.
     legacy: dict[str, Version] | None = None
     found: list[_Found] = dataclasses.field(default_factory=list)
-    ready: list[RunSummary] = dataclasses.field(default_factory=list)
     ready_ids: list[str] = dataclasses.field(default_factory=list)
+    ready_starts: list[float | None] = dataclasses.field(default_factory=list)  # their starts
     # What this listing read of the files not folded: by path, [version, removable]; the
     # summaries' texts by run and writer token; the runs deleted; the paths whose content
     # is void (named by a tombstone, or of a run whose directory went).
@@ -355,7 +358,7 @@ async def read(
     changed = {r for r, f in runs.runs.items() if r not in gone}
     changed |= state.removed
     held = checkpoint.runs if checkpoint is not None else {}
-    stale, state.ready, state.ready_ids = await run_blocking(
+    stale, state.ready_ids, state.ready_starts = await run_blocking(
         _resolve, checkpoint, changed, state.removed, dirs, now,
         endpoint=reader.storage.endpoint,
     )  # fmt: skip
@@ -427,17 +430,19 @@ def _resolve(
     removed: Collection[str],
     dirs: Collection[str] | None,
     now: float,
-) -> tuple[list[str], list[RunSummary], list[str]]:
+) -> tuple[list[str], list[str], list[float | None]]:
     """Sorts the checkpoint's runs: those to summarise from their entries (a file of theirs
     changed, or their status may have: not final, or crashed as judged after ``now``), and
-    those it gives as they are (their summaries, and ids). A run deleted since, or whose
+    those it gives as they are (their ids, and their starts as their rows keep them: a
+    summary is made of a row when it is asked for, and a list of 100,000 runs that shows the
+    newest 20 asks for 20). A run deleted since, or whose
     directory went (``dirs``: the root's, when listed), is neither. One blocking call: the
     loop over every run of the store."""
     stale: list[str] = []
-    ready: list[RunSummary] = []
     ids: list[str] = []
+    starts: list[float | None] = []
     if checkpoint is None:
-        return stale, ready, ids
+        return stale, ids, starts
     with _gc_paused():
         for run_id, row in checkpoint.runs.items():
             if dirs is not None and run_id not in dirs:
@@ -448,11 +453,11 @@ def _resolve(
                 continue
             status = row[_STATUS]
             if status in _ENDED or (status == "crashed" and row[_AT] <= now):
-                ready.append(checkpoint.summary(run_id))
                 ids.append(run_id)
+                starts.append(row[_START])
             else:
                 stale.append(run_id)
-    return stale, ready, ids
+    return stale, ids, starts
 
 
 # -- compaction -------------------------------------------------------------------------------
@@ -462,7 +467,7 @@ def _wanted(state: IndexRead, rescanned: bool) -> bool:
     if state.vanished:
         return False
     if rescanned:
-        return bool(state.found or state.ready or state.files or state.void)
+        return bool(state.found or state.ready_ids or state.files or state.void)
     held = state.checkpoint.files if state.checkpoint is not None else {}
     # Files folded by name whose filesystem tells no version are read at every listing
     # (memory://), but count once.

@@ -18,7 +18,7 @@ import gzip
 import json
 import math
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import orjson
@@ -62,6 +62,12 @@ class Checkpoint:
         tail = row[_WRITERS:]
         return {tail[i]: self.text(tail[i + 1], tail[i + 2]) for i in range(0, len(tail), 3)}
 
+    def summaries(self, run_ids: Iterable[str]) -> list[RunSummary]:
+        """:meth:`summary` of each of ``run_ids``, made with the cyclic collector paused
+        (see :func:`_gc_paused`): a list of every run makes 100,000 of them."""
+        with _gc_paused():
+            return [self.summary(run_id) for run_id in run_ids]
+
     def summary(self, run_id: str) -> RunSummary:
         """The run as its row keeps it (a final status)."""
         made = self.decoded.get(run_id)
@@ -71,6 +77,7 @@ class Checkpoint:
             made = self.decoded[run_id] = RunSummary(
                 run_id, row[_STATUS], row[_START], row[_END], row[_BEAT], params,
                 frozenset(tags) if tags else _NO_TAGS, row[_NOTE], _Metrics(params),
+                _Ending(params),
             )  # fmt: skip
         return made
 
@@ -156,9 +163,15 @@ def _encode(
 
 
 def _detail(summary: RunSummary) -> bytes:
-    """A run's params and metrics as its row keeps them: JSON text, by orjson where it writes
-    them exactly, else by ``json`` (NaN, huge ints: what params may hold)."""
-    detail = [dict(summary.params), {name: m.to_json() for name, m in summary.metrics.items()}]
+    """A run's params and metrics, and the ending of a run that failed or was killed, as its
+    row keeps them: ``[params, metrics]`` or ``[params, metrics, ending]`` (a reader of an
+    older version reads the first two), JSON text, by orjson where it writes them exactly,
+    else by ``json`` (NaN, huge ints: what params may hold)."""
+    detail: list[object] = [
+        dict(summary.params), {name: m.to_json() for name, m in summary.metrics.items()},
+    ]  # fmt: skip
+    if summary.ending:
+        detail.append(dict(summary.ending))
     return orjson.dumps(detail) if _plain(detail) else json.dumps(detail).encode("utf-8")
 
 
@@ -213,6 +226,33 @@ class _Metrics(Mapping[str, MetricSummary]):
 
     def __repr__(self) -> str:
         return repr(dict(self.items()))
+
+
+class _Ending(Mapping[str, object]):
+    """The ending a checkpoint's row holds (its detail's third part; none in rows written
+    before endings were kept), read when looked at (see :class:`_Params`)."""
+
+    __slots__ = ("_params",)
+
+    def __init__(self, params: _Params) -> None:
+        self._params = params
+
+    def _record(self) -> Mapping[str, object]:
+        detail = self._params.detail()
+        record = detail[2] if len(detail) > 2 else None
+        return record if isinstance(record, dict) else {}
+
+    def __getitem__(self, key: str) -> object:
+        return self._record()[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._record())
+
+    def __len__(self) -> int:
+        return len(self._record())
+
+    def __repr__(self) -> str:
+        return repr(self._record())
 
 
 def _plain(value: object, depth: int = 0) -> bool:

@@ -40,17 +40,21 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Collection, Mapping
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 import anyio
 
 from async_tracker.backend.fsspec.layout import METRICS_DIR
-from async_tracker.backend.fsspec.metricfiles import Coverage, MetricsCursor, compacting_writer
 from async_tracker.backend.fsspec.reader import FsspecReader, MetricSegments
 from async_tracker.backend.fsspec.writer import COMPACTION_BUDGET_S, FsspecWriter
 from async_tracker.errors import BackendError
 from async_tracker.runtime.process import runtime
 from async_tracker.settings import CRASHED_AFTER_BEATS
+
+# metricfiles loads numpy and pyarrow: imported where a read of points (which loaded them)
+# asks for a compaction, never with the reader (a listing of runs does not load them).
+if TYPE_CHECKING:
+    from async_tracker.backend.fsspec.metricfiles import MetricsCursor
 
 logger = logging.getLogger(__name__)
 
@@ -62,6 +66,8 @@ def writers_to_compact(listed: Collection[str], cursor: MetricsCursor) -> list[s
     """The writers whose files a compaction would change, from a read's listing and what it
     learnt of the compacted files in it: those with two or more live files, or with a file
     that a compacted file covers, sorted."""
+    from async_tracker.backend.fsspec.metricfiles import Coverage, compacting_writer
+
     files = Coverage(tuple(sorted(listed)), cursor.inputs, cursor.unreadable)
     live: dict[str, int] = {}
     for name in files.live:

@@ -11,18 +11,19 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Collection, Mapping, Sequence
 
-import numpy as np
-
 from async_tracker.backend.fsspec import summaries
 from async_tracker.backend.fsspec.cache import SummaryFileCache
-from async_tracker.backend.fsspec.columns import parse_segment, times_array
-from async_tracker.backend.fsspec.metricfiles import MetricsCursor
-from async_tracker.backend.fsspec.parquet import Columns
 from async_tracker.backend.fsspec.readcompact import ReaderCompactions
 from async_tracker.backend.fsspec.reader import FsspecReader, merged_points
 from async_tracker.records import Lineage, TrackerArtifact, TrackerMetric
+from async_tracker.runtime.process import import_in_thread, lazy_imports
 from async_tracker.store.reader import RunReader, Scalars, ScalarsRead
 from async_tracker.store.summary import RunSummary
+
+# Reads points as columns with numpy and pyarrow: imported at the first such read, in a
+# worker thread (runtime.process.import_in_thread), not with the reader, so that a listing
+# of runs never loads them (a tenth of a second or more).
+_SCALARS = "async_tracker.backend.fsspec.runscalars"
 
 
 class FsspecRunReader(RunReader):
@@ -46,6 +47,14 @@ class FsspecRunReader(RunReader):
 
     async def run_summaries(self) -> list[RunSummary]:
         return await summaries.run_summaries(self.store, cache=self._cache)
+
+    async def newest_runs(
+        self, limit: int, run_ids: Collection[str] | None = None
+    ) -> tuple[list[RunSummary], int]:
+        """Ordered by the starts the run index keeps: the summaries of the runs returned
+        alone are made (see :class:`~async_tracker.backend.fsspec.summaries.RunList`)."""
+        listing = await summaries.run_list(self.store, cache=self._cache)
+        return await listing.newest(limit, run_ids)
 
     async def run_ids(self, parent_run_id: str | None = None) -> list[str]:
         if parent_run_id is None:
@@ -79,18 +88,11 @@ class FsspecRunReader(RunReader):
         decoded straight into columns (Parquet: the name, step, value and time columns of
         the row groups that may hold ``names``). After a compaction of files read then,
         every point (``reset``)."""
-        cursor = since if isinstance(since, MetricsCursor) else None
-        read = await self.store.metric_segments(
-            run_id, _json_scalars, _scalars, since=cursor, names=names
-        )
-        self.compactions.after_read(run_id, read)
-        parts: dict[str, list[Scalars]] = {}
-        for _, curves in read.segments:
-            for name, part in curves.items():
-                if names is None or name in names:
-                    parts.setdefault(name, []).append(part)
-        joined = {name: _joined(group) for name, group in parts.items()}
-        return ScalarsRead({n: c for n, c in joined.items() if len(c)}, read.cursor, read.reset)
+        await import_in_thread(_SCALARS, endpoint=self.store.storage.endpoint)
+        with lazy_imports:  # loaded: a fork waits for the import (see runtime/process.py)
+            from async_tracker.backend.fsspec.runscalars import read_scalars
+
+        return await read_scalars(self.store, run_id, names, since, self.compactions.after_read)
 
     async def overview(
         self, run_id: str, names: Collection[str] | None = None
@@ -98,56 +100,17 @@ class FsspecRunReader(RunReader):
         """The compacted files' overviews (``overview/``), the small files themselves; None
         while the run has files that are not compacted (see
         FsspecReader.overview_segments)."""
-        parts = await self.store.overview_segments(run_id, _scalars, names)
-        if parts is None:
-            return None
-        grouped: dict[str, list[Scalars]] = {}
-        for curves in parts:
-            for name, part in curves.items():
-                if len(part) and (names is None or name in names):
-                    grouped.setdefault(name, []).append(part)
-        joined = {name: _joined(group) for name, group in grouped.items()}
-        return joined
+        await import_in_thread(_SCALARS, endpoint=self.store.storage.endpoint)
+        with lazy_imports:
+            from async_tracker.backend.fsspec.runscalars import read_overview
+
+        return await read_overview(self.store, run_id, names)
 
     async def status(self, run_id: str) -> tuple[str, float | None]:
         return await self.store.run_status(run_id)
 
     async def writers(self, run_id: str) -> dict[str, dict[str, object]]:
         return await self.store.heartbeats(run_id)
-
-
-def _scalars(columns: Mapping[str, Columns]) -> dict[str, Scalars]:
-    """A Parquet file's decoded columns (times read) as Scalars, in file order."""
-    out = {}
-    for name, col in columns.items():
-        assert col.times is not None
-        out[name] = Scalars(col.steps, col.values, col.times)
-    return out
-
-
-def _json_scalars(data: bytes) -> tuple[dict[str, Scalars], str]:
-    """A JSON Lines segment as Scalars, in file order, and the lines skipped."""
-    chunks, bad = parse_segment(data)
-    curves = {
-        name: Scalars(chunk.steps.astype(np.int64), chunk.values, times_array(chunk.times))
-        for name, chunk in chunks.items()
-    }
-    return curves, bad
-
-
-def _joined(parts: Sequence[Scalars]) -> Scalars:
-    """One metric's parts (files in write order, each in its order) as one, sorted by step,
-    stably: points of one step keep write order."""
-    if len(parts) == 1:
-        steps, values, times = parts[0].steps, parts[0].values, parts[0].times
-    else:
-        steps = np.concatenate([p.steps for p in parts])
-        values = np.concatenate([p.values for p in parts])
-        times = np.concatenate([p.times for p in parts])
-    if len(steps) > 1 and not bool(np.all(steps[1:] >= steps[:-1])):
-        order = np.argsort(steps, kind="stable")
-        steps, values, times = steps[order], values[order], times[order]
-    return Scalars(steps, values, times)
 
 
 __all__ = ["FsspecRunReader"]

@@ -148,6 +148,11 @@ def parse_column_line(line: bytes) -> tuple[str, list[int], list[float], list[fl
         raise ValueError("the columns differ in length")
     # Type checks by C loops (map, set): a segment holds up to a million points.
     if not set(map(type, steps)) <= {int}:
+        # orjson reads an integer beyond 64 bits as a float: the json module reads it whole
+        # (such steps are why the writer chose JSON for this segment).
+        col = json.loads(line)
+        steps, values, times = col["step"], col["value"], col["time"]
+    if not set(map(type, steps)) <= {int}:
         raise TypeError("a step is not an integer")
     if not set(map(type, values)) <= _NUMBERS or not set(map(type, times)) <= _NUMBERS:
         raise TypeError("a value or time is not a number")

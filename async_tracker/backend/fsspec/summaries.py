@@ -24,13 +24,14 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 
 import orjson
 
 from async_tracker.backend.fsspec import index
 from async_tracker.backend.fsspec.cache import SummaryFileCache
 from async_tracker.backend.fsspec.index import _Found
+from async_tracker.backend.fsspec.indexcheckpoint import Checkpoint
 from async_tracker.backend.fsspec.layout import (
     _STATUS_RANK,
     _SUMMARY_FILE,
@@ -56,16 +57,80 @@ from async_tracker.backend.fsspec.segments import _parse_segment
 from async_tracker.backend.fsspec.storage import _decode_json, _encode_json, _gather_bounded
 from async_tracker.errors import BackendError
 from async_tracker.records import TrackerMetric
+from async_tracker.runtime.process import run_blocking
 from async_tracker.settings import CRASHED_AFTER_BEATS
+from async_tracker.store.runs import newest_order
 from async_tracker.store.summary import RunSummary, WriterSummary, merge, summarize_columns
 
 logger = logging.getLogger(__name__)
 
 
+class RunList:
+    """The runs of one listing (:func:`run_list`): those it summarised, and those the run
+    index's checkpoint gives as they are, by id, whose summaries are made from its rows
+    when asked for: a list of 100,000 runs that shows the newest 20 makes 20."""
+
+    def __init__(
+        self,
+        summarised: list[RunSummary],
+        checkpoint: Checkpoint | None,
+        ready: list[str],
+        starts: list[float | None],
+        endpoint: str,
+    ) -> None:
+        self.summarised = summarised
+        self.checkpoint = checkpoint
+        # The runs the checkpoint gives, and when each started (as its row keeps it).
+        self.ready = ready if checkpoint is not None else []
+        self.starts = starts if checkpoint is not None else []
+        self.endpoint = endpoint
+
+    async def summaries(self) -> list[RunSummary]:
+        """Every run's summary: those summarised, then the checkpoint's (in a worker
+        thread: the loop over every run of the store)."""
+        if self.checkpoint is None or not self.ready:
+            return list(self.summarised)
+        made = await run_blocking(self.checkpoint.summaries, self.ready, endpoint=self.endpoint)
+        return self.summarised + made
+
+    async def newest(
+        self, limit: int, run_ids: Collection[str] | None = None
+    ) -> tuple[list[RunSummary], int]:
+        """What ``select(await self.summaries(), limit=limit)`` gives (of the runs of
+        ``run_ids``: all without it), with summaries made of the runs it shows alone."""
+        return await run_blocking(self._newest, limit, run_ids, endpoint=self.endpoint)
+
+    def _newest(
+        self, limit: int, run_ids: Collection[str] | None
+    ) -> tuple[list[RunSummary], int]:
+        runs, ready, starts = self.summarised, self.ready, self.starts
+        if run_ids is not None:
+            runs = [r for r in runs if r.run_id in run_ids]
+            kept = [i for i, run_id in enumerate(ready) if run_id in run_ids]
+            ready, starts = [ready[i] for i in kept], [starts[i] for i in kept]
+        # As summaries() lists them, the order select() starts from.
+        every = [r.start for r in runs] + starts
+        shown = newest_order(every, [r.run_id for r in runs] + ready, limit)
+        k = len(runs)
+        made = iter(
+            self.checkpoint.summaries([ready[i - k] for i in shown if i >= k])
+            if self.checkpoint is not None
+            else ()
+        )
+        return [runs[i] if i < k else next(made) for i in shown], len(every) - len(shown)
+
+
 async def run_summaries(
     reader: FsspecReader, now: float | None = None, *, cache: SummaryFileCache | None = None
 ) -> list[RunSummary]:
-    """Every run's summary (in no particular order), from the writers' summary files:
+    """Every run's summary (in no particular order): :func:`run_list`'s, all made."""
+    return await (await run_list(reader, now, cache=cache)).summaries()
+
+
+async def run_list(
+    reader: FsspecReader, now: float | None = None, *, cache: SummaryFileCache | None = None
+) -> RunList:
+    """Every run of the store (in no particular order), from the writers' summary files:
     one listing of the store's run index, a read of its checkpoint and of each summary file
     written since (see ``index.py``; on local disk in one worker-thread call each). A
     listing may then compact the index (:func:`index.compact`).
@@ -137,7 +202,9 @@ async def run_summaries(
         beat = when if status == "crashed" else None
         out.append(merge(f.run_id, f.merged().values(), status, beat, when))
     await index.compact(reader, state, runs, out, now, cache)
-    return out + state.ready
+    return RunList(
+        out, state.checkpoint, state.ready_ids, state.ready_starts, reader.storage.endpoint
+    )
 
 
 async def _rebuild(

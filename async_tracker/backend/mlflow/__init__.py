@@ -11,8 +11,10 @@
 The modules, in the order a record meets them: ``config`` (defaults, the config file),
 ``mapping`` (what a record becomes in MLflow, and MLflow's limits on it: ``validate``),
 ``requests`` (a flush cut into ``log_batch`` requests), ``runs`` (finding, creating and
-ending the MLflow run of a run id, across ranks), ``errors`` (the client's errors mapped to
-retry, keep or drop), ``tracker`` and ``sync``.
+ending the MLflow run of a run id, across ranks), ``summaries`` (each writer's summary of a
+run, a tag sent with its flushes), ``errors`` (the client's errors mapped to retry, keep or
+drop), ``tracker`` and ``sync``; and on the read side ``reader`` (the run list from
+``search_runs`` and the summaries: ``AsyncMLflowTracker.reader()``).
 
 How a run maps onto MLflow::
 
@@ -28,6 +30,8 @@ How a run maps onto MLflow::
     add_source(s, a)  ->  tags (so that sources(), lineage() and run_ids() round-trip)
     log_metric        ->  metric points via log_batch, client timestamps (ms) and steps
     log_params_flat   ->  params
+    each flush        ->  tag async_tracker.summary.<writer> = the writer's summary (what the
+                          run list reads: one search_runs page per 1,000 runs, no point read)
     AppRun closes     ->  FINISHED once the last rank is done; FAILED / KILLED at once
 
 Example::

@@ -15,6 +15,9 @@
     add_source(s, a)   ->  tag async_tracker.source.<sha1([s, a])> = json({source_run_id, ...})
                            tag async_tracker.parent.<sha1(s)> = "1"  (descendant searches)
     log_metric         ->  metric points, client timestamps (ms) and steps
+    each flush         ->  tag async_tracker.summary.<writer token> = json(the writer's
+                           summary of the run: per metric last, min, max, count, last step),
+                           in the flush's last log_batch request (see summaries.py)
 
 Tag names of objects are hashes: deterministic (a retry overwrites), valid MLflow keys
 whatever the artifact or source is called, and within the 250-character key limit.
@@ -40,7 +43,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from async_tracker.records import TrackerArtifact, TrackerMetric, TrackerSource
-from async_tracker.tags import NOTE_KEY, TAG_KEY_PREFIX, check_tag, is_reserved_key
+from async_tracker.tags import ENDING_KEY, NOTE_KEY, TAG_KEY_PREFIX, check_tag, is_reserved_key
 
 logger = logging.getLogger("async_tracker.backend.mlflow")
 
@@ -63,6 +66,13 @@ TAG_PARENT_PREFIX = "async_tracker.parent."
 TAG_WRITER_PREFIX = "async_tracker.writer."
 # A live run's heartbeat: {"time": seconds since the epoch, "interval_s": ..}.
 TAG_HEARTBEAT = "async_tracker.heartbeat"
+# Each writer's summary of what it wrote to the run (see summaries.py): one tag per writer
+# token, ``async_tracker.summary.<token>``, and ``.<n>`` parts for one that is too long.
+TAG_SUMMARY_PREFIX = "async_tracker.summary."
+# Set when the run is created (with its other tags: no request of its own): every writer of
+# this version keeps a summary of the run, so that a run without it (made by an older
+# version, torchx or plain MLflow) is known to hold points no summary counts.
+TAG_SUMMARIES = "async_tracker.summaries"
 MLFLOW_TAG_PREFIX = "mlflow."
 # MLflow's own tag of a run's description (mlflow.utils.mlflow_tags.MLFLOW_RUN_NOTE): where
 # the run's note goes, so that the UI shows it, and an edit there is the note read back.
@@ -243,8 +253,8 @@ def mlflow_tag(key: str, value: object) -> tuple[str, str]:
 
 def tag_problem(key: str, value: object) -> str | None:
     """Why MLflow would refuse metadata ``key = value`` as a tag, or None. Of the reserved
-    keys, those of tags (a bool) and of the note (a str) are taken (see
-    :mod:`async_tracker.tags`)."""
+    keys, those of tags (a bool), of the note (a str) and of a run's ending (how a run that
+    did not finish ended, a tag like any metadata) are taken (see :mod:`async_tracker.tags`)."""
     if key.startswith(TAG_KEY_PREFIX) and isinstance(value, bool):
         try:
             check_tag(key[len(TAG_KEY_PREFIX) :])
@@ -258,6 +268,8 @@ def tag_problem(key: str, value: object) -> str | None:
                 "(save longer text as an artifact)"
             )
         return None
+    if key == ENDING_KEY:
+        return value_problem(key, dumps(value), MAX_TAG_VALUE_LENGTH, "metadata")
     if key.startswith(RESERVED_TAG_PREFIXES):
         return (
             f"metadata key {key!r}: keys starting with {TAG_PREFIX!r} or "

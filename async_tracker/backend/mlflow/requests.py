@@ -45,10 +45,16 @@ def plan_requests(
     tags: Sequence[tuple[str, str]] = (),
     metrics: Sequence[MetricEntry] = (),
     params: Sequence[tuple[str, str]] = (),
+    last_tags: Sequence[tuple[str, str]] = (),
 ) -> list[Request]:
     """Cuts tags, params and metrics into log_batch requests within MLflow's limits (1000
     metrics, 100 params, 100 tags, 1000 items, 1 MB). Deterministic: a retry of the same batch
-    makes the same requests, so the parts already stored can be skipped by index."""
+    makes the same requests, so the parts already stored can be skipped by index.
+
+    ``last_tags`` (at most 100) all go in the last request, the one sent after the others
+    (a writer's summary, which must not count points before they are stored): room is made
+    there by moving entries from its end into a request of their own before it, which costs
+    a request only when the last one was full."""
     requests: list[Request] = []
     current = Request()
 
@@ -77,4 +83,50 @@ def plan_requests(
         add("metric", len(json.dumps(metric[0])) + _METRIC_OVERHEAD_BYTES).metrics.append(metric)
     if current.items:
         requests.append(current)
+    if last_tags:
+        _add_last(requests, last_tags)
     return requests
+
+
+def _add_last(requests: list[Request], tags: Sequence[tuple[str, str]]) -> None:
+    """Puts ``tags`` in the last of ``requests`` (see :func:`plan_requests`)."""
+    sizes = [_entry_size(k, v) for k, v in tags]
+    size = sum(sizes)
+    if len(tags) > MAX_TAGS_PER_REQUEST or size > REQUEST_BYTES_BUDGET:
+        raise ValueError(f"{len(tags)} tags of {size} bytes cannot go in one request")
+    last = requests[-1] if requests else Request()
+    moved = Request()
+
+    def fits() -> bool:
+        return (
+            last.items + len(tags) <= MAX_ITEMS_PER_REQUEST
+            and len(last.tags) + len(tags) <= MAX_TAGS_PER_REQUEST
+            and last.size + size <= REQUEST_BYTES_BUDGET
+        )
+
+    # Entries leave the front of the last request for one sent just before it, until the
+    # tags fit: tags when there are too many tags, else metrics first (the most items), then
+    # params, then tags. Entries of each kind keep their order across the requests, and the
+    # moved ones make a request that is a part of a valid one.
+    while not fits():
+        too_many_tags = len(last.tags) + len(tags) > MAX_TAGS_PER_REQUEST
+        if not too_many_tags and last.metrics:
+            entry = last.metrics.pop(0)
+            moved.metrics.append(entry)
+            cost = len(json.dumps(entry[0])) + _METRIC_OVERHEAD_BYTES
+        elif not too_many_tags and last.params:
+            param = last.params.pop(0)
+            moved.params.append(param)
+            cost = _entry_size(*param)
+        else:
+            tag = last.tags.pop(0)
+            moved.tags.append(tag)
+            cost = _entry_size(*tag)
+        last.size -= cost
+        moved.size += cost
+    last.tags.extend(tags)
+    last.size += size
+    if not requests:
+        requests.append(last)
+    elif moved.items:
+        requests.insert(len(requests) - 1, moved)

@@ -42,7 +42,7 @@ import socket
 import threading
 import time
 import uuid as uuid_lib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from mlflow.entities import ViewType
@@ -55,6 +55,8 @@ from async_tracker.backend.mlflow.errors import (
 from async_tracker.backend.mlflow.mapping import (
     TAG_RUN_ID,
     TAG_RUN_KEY,
+    TAG_SUMMARIES,
+    TAG_SUMMARY_PREFIX,
     TAG_WRITER_PREFIX,
     dumps,
     run_key,
@@ -89,6 +91,12 @@ class RunRef:
     writer_tag: str | None = None  # our writer tag, while this process writes to the run
     writer_pid: int = 0  # the process that set it (a forked child is another writer)
     params: dict[str, str] | None = None  # the run's params as known; None: not read yet
+    # The run's summary tags and whether it held metrics when this process looked it up (a
+    # search result: no request of its own). A writer's summary starts from them: its own
+    # earlier summary (a replay continues it), or a note that the run holds points it cannot
+    # count (see summaries.py). The other tags are not kept: a process may write many runs.
+    tags: dict[str, str] = field(default_factory=dict)
+    had_metrics: bool = False
 
     def writing(self) -> bool:
         return self.writer_tag is not None and self.writer_pid == os.getpid()
@@ -224,9 +232,21 @@ class RunBook:
                     self.client.set_tag(adopted.info.run_id, TAG_RUN_KEY, run_key(run_id))
                     runs = self.candidates(run_id)
             if runs:
-                ref = RunRef(str(runs[0].info.run_id), status=str(runs[0].info.status))
+                found = runs[0]
+                kept = {
+                    k: v for k, v in found.data.tags.items()
+                    if k == TAG_SUMMARIES or k.startswith(TAG_SUMMARY_PREFIX)
+                }  # fmt: skip
+                ref = RunRef(
+                    str(found.info.run_id),
+                    status=str(found.info.status),
+                    tags=kept,
+                    had_metrics=bool(found.data.metrics),
+                )
             elif create:
-                ref = RunRef(self.create_once(run_id), params={})
+                # Made by this version (here or by a rank that won the creation lock): its
+                # creation tags, summaries kept, and no point yet.
+                ref = RunRef(self.create_once(run_id), params={}, tags={TAG_SUMMARIES: "1"})
                 self._add_writer(ref)
             else:
                 return None
@@ -246,7 +266,7 @@ class RunBook:
         run = self.client.create_run(
             self.experiment().experiment_id,
             start_time=int(time.time() * 1000),
-            tags={TAG_RUN_ID: run_id, TAG_RUN_KEY: run_key(run_id)},
+            tags={TAG_RUN_ID: run_id, TAG_RUN_KEY: run_key(run_id), TAG_SUMMARIES: "1"},
             run_name=run_id,
         )
         return str(run.info.run_id)
@@ -352,6 +372,11 @@ class RunBook:
                 if not ref.writing():
                     self._add_writer(ref)
         return ref
+
+    def known(self, run_id: str) -> RunRef | None:
+        """``run_id``'s run if this process has looked it up already, else None. No request
+        and no lock: one read of a dict, which the tracker loop's thread may make."""
+        return self._runs.get(run_id)
 
     def writing(self) -> list[str]:
         """The run ids this process writes to and has not ended."""

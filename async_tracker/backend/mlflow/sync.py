@@ -149,16 +149,26 @@ class MLflowTracker(SyncTracker):
         )
 
 
-def create_tracker(config: str | None = None) -> MLflowTracker:
+def create_tracker(
+    config: str | None = None, *, project: str | None = None
+) -> MLflowTracker:
     """The ``mlflow`` tracker factory (``TORCHX_TRACKERS=mlflow``).
 
     ``config`` is what torchx passes: a directory holding ``.torchxconfig``, or that file's
     path, whose ``[tracker:mlflow]`` section may set ``experiment_name``, ``tracking_uri`` and
     ``artifact_location``. ``$TORCHX_TRACKING_EXPERIMENT_NAME`` overrides the experiment name
-    (torchx's ``dist.spmd`` sets it).
+    (torchx's ``dist.spmd`` sets it). Without either, MLflow's own
+    ``$MLFLOW_EXPERIMENT_NAME``, then ``project`` (``init()`` passes its project:
+    ``init("mnist", backends=["mlflow"])`` lands in experiment ``mnist``), then torchx's
+    default (named after the user and host).
     """
     values = read_config(config)
-    experiment_name = os.environ.get(ENV_EXPERIMENT_NAME) or values.get("experiment_name")
+    experiment_name = (
+        os.environ.get(ENV_EXPERIMENT_NAME)
+        or values.get("experiment_name")
+        or os.environ.get("MLFLOW_EXPERIMENT_NAME")
+        or project
+    )
     return MLflowTracker(
         experiment_name=experiment_name,
         tracking_uri=values.get("tracking_uri"),

@@ -8,6 +8,7 @@ loop never waits on the network. Only the client's public API is used (``log_bat
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import sys
@@ -42,6 +43,7 @@ from async_tracker.backend.mlflow.mapping import (
     TAG_ARTIFACT_PREFIX,
     TAG_HEARTBEAT,
     TAG_SOURCE_PREFIX,
+    TAG_SUMMARIES,
     artifact_problems,
     artifact_tag,
     artifact_value,
@@ -71,6 +73,13 @@ from async_tracker.backend.mlflow.runs import (
     run_id_of,
     start_order,
 )
+from async_tracker.backend.mlflow.summaries import (
+    Tally,
+    count_batch,
+    stored_summaries,
+    summary_tags,
+    writer_token,
+)
 from async_tracker.base import END_PART, AsyncTrackerBase, Checked, CloseReason
 from async_tracker.errors import BackendError, RecordError, TransientBackendError
 from async_tracker.records import (
@@ -82,7 +91,9 @@ from async_tracker.records import (
     sort_points,
 )
 from async_tracker.runtime.process import run_blocking
-from async_tracker.tags import NOTE_KEY, TAG_KEY_PREFIX, is_reserved_key
+from async_tracker.store.reader import RunReader
+from async_tracker.store.summary import WriterSummary
+from async_tracker.tags import ENDING_KEY, NOTE_KEY, TAG_KEY_PREFIX, is_reserved_key
 
 if sys.version_info < (3, 11):  # pragma: no cover - 3.10
     from exceptiongroup import BaseExceptionGroup
@@ -161,6 +172,14 @@ class AsyncMLflowTracker(AsyncTrackerBase):
         # The store: a server and an experiment in it (where a batch's parts were stored).
         self.store_id = f"{self.tracking_uri}#{self.experiment_name}"
         self._checked_metric_names: set[str] = set()
+        # This process's summary of each (MLflow run, writer token) it writes (see
+        # summaries.py): touched by write_batch's coroutine (on the tracker loop under an
+        # AppRun), never by the worker threads, each behind its own lock. Keyed by the MLflow
+        # run, so that a run deleted and made again starts from nothing.
+        self._tallies: dict[tuple[str, str], Tally] = {}
+        # The writer token of this process's direct calls (add_metadata ... without an
+        # AppRun), by pid: a forked child is another writer.
+        self._direct_tokens: dict[int, str] = {}
 
     def __repr__(self) -> str:
         return (
@@ -316,7 +335,12 @@ class AsyncMLflowTracker(AsyncTrackerBase):
 
     # -- sending a flush ------------------------------------------------------------------------
     async def _send(
-        self, run_id: str, requests: Sequence[Request], batch: Batch, first_params: bool
+        self,
+        run_id: str,
+        requests: Sequence[Request],
+        batch: Batch,
+        first_params: bool,
+        last_after: bool = False,
     ) -> None:
         """Sends requests not yet in ``batch.done``, a few at a time. Each is marked done when
         stored; a failure cancels the rest, and the lane's retry sends only what is missing.
@@ -324,7 +348,7 @@ class AsyncMLflowTracker(AsyncTrackerBase):
         Whatever fails leaves as one :class:`BackendError`, never an exception group: the
         errors of the requests that failed together are combined (transient if any is)."""
         try:
-            await self._send_requests(run_id, requests, batch, first_params)
+            await self._send_requests(run_id, requests, batch, first_params, last_after)
             return
         except BaseExceptionGroup as group:
             error = map_group(group, lambda e: map_error(e, "log_batch"))
@@ -337,18 +361,24 @@ class AsyncMLflowTracker(AsyncTrackerBase):
         raise error
 
     async def _send_requests(
-        self, run_id: str, requests: Sequence[Request], batch: Batch, first_params: bool
+        self,
+        run_id: str,
+        requests: Sequence[Request],
+        batch: Batch,
+        first_params: bool,
+        last_after: bool = False,
     ) -> None:
         parts = [(f"mlflow:{i}", r) for i, r in enumerate(requests)]
         todo = [(part, r) for part, r in parts if part not in batch.done]
         if not todo:
             return
+        # With ``last_after``, the last request (it holds the writer's summary) waits until
+        # every other one is stored: a summary never counts points the run does not hold.
+        final = todo.pop() if last_after and len(todo) > 1 else None
         # The first request alone: it resolves (maybe creates) the run before the others race.
         part, first = todo[0]
         await self._blocking("log_batch", self._log_batch_sync, run_id, first, first_params)
         batch.done.add(part)
-        if len(todo) == 1:
-            return
         limiter = anyio.CapacityLimiter(self.request_concurrency)
 
         async def send(part: str, request: Request) -> None:
@@ -358,9 +388,93 @@ class AsyncMLflowTracker(AsyncTrackerBase):
                 )
             batch.done.add(part)
 
-        async with anyio.create_task_group() as tg:
-            for part, request in todo[1:]:
-                tg.start_soon(send, part, request)
+        if len(todo) > 1:
+            async with anyio.create_task_group() as tg:
+                for part, request in todo[1:]:
+                    tg.start_soon(send, part, request)
+        if final is not None:
+            await send(*final)
+
+    # -- the writer's summary --------------------------------------------------------------------
+    def _tally(self, ref: RunRef, token: str) -> Tally:
+        """This process's summary of writer ``token`` in ``ref``'s run: at first use, what the
+        run's tags held of it when this process looked the run up (a replay of another
+        process's batches continues its summary). A writer new to a run that holds points
+        from a writer keeping no summary (an older version, torchx, plain MLflow) says so
+        (``prior``): readers then read that run's points."""
+        tally = self._tallies.get((ref.uuid, token))
+        if tally is None:
+            stored = stored_summaries(ref.tags)
+            summary = stored.writers.get(token)
+            if summary is None:
+                unknown = TAG_SUMMARIES not in ref.tags and ref.had_metrics
+                summary = WriterSummary(prior=unknown or token in stored.unreadable)
+            tally = self._tallies[(ref.uuid, token)] = Tally(summary)
+        return tally
+
+    def _token(self, batch: Batch) -> str:
+        token = writer_token(batch.key)
+        if token is not None:
+            return token
+        pid = os.getpid()
+        if pid not in self._direct_tokens:
+            self._direct_tokens[pid] = f"{time.time_ns():019d}x{pid:x}{os.urandom(4).hex()}"
+        return self._direct_tokens[pid]
+
+    def _batch_summary(
+        self, ref: RunRef, tally: Tally, batch: Batch, metrics: Sequence[MetricEntry]
+    ) -> WriterSummary | None:
+        """The writer's summary with ``batch`` counted, or None when it counts it already.
+        Kept in ``batch.names`` for its MLflow run: a retry (or a replay of the spooled
+        batch) sends exactly the requests of the first attempt, whose parts done are
+        skipped by index, whatever the tally holds by then."""
+        planned = f"mlflow:summary:{ref.uuid}"
+        text = batch.names.get(planned)
+        if text is not None:
+            return WriterSummary.from_json(json.loads(text))
+        if tally.summary.counted(batch.key, batch.seq):
+            return None
+        stamps = [
+            batch.metadata_ns[k] / 1e9 for k in batch.metadata if k in batch.metadata_ns
+        ]
+        summary = count_batch(
+            tally.summary, key=batch.key, seq=batch.seq, entries=metrics, stamps_s=stamps,
+            now=time.time(),
+        )  # fmt: skip
+        batch.names[planned] = dumps(summary.to_json())
+        return summary
+
+    async def _send_counted(
+        self,
+        run_id: str,
+        batch: Batch,
+        tags: list[tuple[str, str]],
+        metrics: list[MetricEntry],
+        params: list[tuple[str, str]],
+    ) -> None:
+        """Sends the batch's entries with the writer's summary in the last request (see
+        summaries.py), then keeps the summary sent."""
+        if not (tags or metrics or params):
+            return  # nothing to send (an end record alone): the summary is unchanged
+        # The run looked up (made if missing) before the requests are planned: the summary
+        # is planned for it. This process becomes a writer of the run only when a request
+        # is sent (in _log_batch_sync): a retry of a batch stored whole sends nothing and
+        # must not make an ended run a running one again.
+        ref = self.runs.known(run_id)
+        if ref is None:
+            ref = await self._blocking("log_batch", self.runs.resolve, run_id, True)
+            assert ref is not None
+        token = self._token(batch)
+        tally = self._tally(ref, token)
+        # Held until the summary is stored and kept (see Tally): uncontended for an AppRun,
+        # whose batches of a run come one at a time.
+        async with tally.lock:
+            summary = self._batch_summary(ref, tally, batch, metrics)
+            last = summary_tags(token, summary) if summary is not None else []
+            requests = plan_requests(tags=tags, metrics=metrics, params=params, last_tags=last)
+            await self._send(run_id, requests, batch, first_params=True, last_after=bool(last))
+            if summary is not None:
+                tally.summary = summary
 
     # -- writes ----------------------------------------------------------------------------------
     async def write_batch(self, run_id: str, batch: Batch) -> None:
@@ -400,14 +514,19 @@ class AsyncMLflowTracker(AsyncTrackerBase):
             if part not in batch.done:
                 await self._blocking("log_artifact", self._upload_sync, run_id, art)
                 batch.done.add(part)
-        requests = plan_requests(tags=tags, metrics=metrics, params=params)
-        await self._send(run_id, requests, batch, first_params=True)
+        await self._send_counted(run_id, batch, tags, metrics, params)
         if batch.end is not None and END_PART not in batch.done:
             # Last, after what the batch stored (and before a refusal is raised: the end
             # record is not what MLflow refused).
             end_time = batch.end_time or None
             await self._blocking("set_terminated", self._end_sync, run_id, batch.end, end_time)
             batch.done.add(END_PART)
+        if batch.end is not None:
+            # The writer's last batch: nothing more of it to count (a later life of the run
+            # is a pipeline, a writer, of its own).
+            token = self._token(batch)
+            for key in [k for k in self._tallies if k[1] == token]:
+                del self._tallies[key]
         if problems:
             refused = len(problems)
             if batch.records:
@@ -522,18 +641,10 @@ class AsyncMLflowTracker(AsyncTrackerBase):
 
     async def metadata(self, run_id: str) -> Mapping[str, object]:
         """The run's tags, decoded, without MLflow's system tags (``mlflow.*``) and ours,
-        but with the run's own tags (``async_tracker.tag.*``) and its description (as the
-        note's key): what ``AppRun.tags()`` and ``note()`` read."""
-        tags = await self._tags(run_id)
-        out: dict[str, object] = {}
-        for k, v in sorted(tags.items()):
-            if k.startswith(TAG_KEY_PREFIX):
-                out[k] = loads_tag(v) is True
-            elif k == MLFLOW_NOTE_TAG:
-                out[NOTE_KEY] = v
-            elif not k.startswith(RESERVED_TAG_PREFIXES):
-                out[k] = loads_tag(v)
-        return out
+        but with the run's own tags (``async_tracker.tag.*``), its description (as the
+        note's key) and its ending (``async_tracker.ending``): what ``AppRun.tags()`` and
+        ``note()`` read, and how a run that did not finish ended (see :func:`metadata_of`)."""
+        return metadata_of(await self._tags(run_id))
 
     async def artifacts(self, run_id: str) -> Mapping[str, TrackerArtifact]:
         tags = await self._tags(run_id)
@@ -616,11 +727,14 @@ class AsyncMLflowTracker(AsyncTrackerBase):
         ref = self.runs.resolve(run_id, create=False)
         if ref is None:
             return {}
+        return self._histories_sync(ref.uuid, self.client.get_run(ref.uuid).data.metrics)
+
+    def _histories_sync(self, uuid: str, names: Iterable[str]) -> dict[str, list[TrackerMetric]]:
         out: dict[str, list[TrackerMetric]] = {}
-        for name in sorted(self.client.get_run(ref.uuid).data.metrics):
+        for name in sorted(names):
             points = [
                 TrackerMetric(name, from_stored(m.value), int(m.step), m.timestamp / 1000.0)
-                for m in self.client.get_metric_history(ref.uuid, name)
+                for m in self.client.get_metric_history(uuid, name)
             ]
             out[name] = sort_points(points)
         return out
@@ -634,11 +748,7 @@ class AsyncMLflowTracker(AsyncTrackerBase):
         ref = self.runs.resolve(run_id, create=False)
         if ref is None:
             return None
-        info = self.client.get_run(ref.uuid).info
-        ending = ENDING_OF_STATUS.get(str(info.status))
-        if ending is None:  # RUNNING, SCHEDULED
-            return "running", None
-        return ending, info.end_time / 1000.0 if info.end_time is not None else None
+        return status_of(self.client.get_run(ref.uuid).info)
 
     async def run_status(self, run_id: str) -> tuple[str, float | None] | None:
         """How the MLflow run of ``run_id`` ended and when (``finished``, ``failed`` or
@@ -662,6 +772,30 @@ class AsyncMLflowTracker(AsyncTrackerBase):
         await self._blocking("delete_run", self._delete_sync, run_id)
         return True
 
+    # -- the read side -------------------------------------------------------------------------
+    def reader(self) -> RunReader:
+        """The read side's view of the experiment: run lists from ``search_runs`` and the
+        writers' summaries (see :class:`~async_tracker.backend.mlflow.reader.MLflowReader`)."""
+        # Imported here: the reader module builds on this one.
+        from async_tracker.backend.mlflow.reader import MLflowReader
+
+        return MLflowReader(self)
+
+    async def search_runs(self, filter_string: str = "") -> list[Any]:
+        """The live MLflow ``Run`` objects of the experiment that match ``filter_string``
+        (MLflow's search syntax; all of them without one): one request per page of 1,000
+        runs, each with its info, params, tags and latest metrics."""
+        return await self._blocking("search_runs", self.runs.search, filter_string)
+
+    async def metric_histories(
+        self, mlflow_run_id: str, names: Iterable[str]
+    ) -> dict[str, list[TrackerMetric]]:
+        """Every point of the metrics ``names`` of the MLflow run ``mlflow_run_id`` (one
+        ``get_metric_history`` request each), ordered by step then time."""
+        return await self._blocking(
+            "get_metric_history", self._histories_sync, mlflow_run_id, list(names)
+        )
+
     # -- MLflow objects ------------------------------------------------------------------------
     async def experiment(self) -> Any:
         """The MLflow ``Experiment`` (created if missing)."""
@@ -677,3 +811,27 @@ class AsyncMLflowTracker(AsyncTrackerBase):
             return None if ref is None else self.client.get_run(ref.uuid)
 
         return await self._blocking("get_run", get)
+
+
+def metadata_of(tags: Mapping[str, str]) -> dict[str, object]:
+    """The metadata an MLflow run's ``tags`` hold, decoded: every tag but MLflow's system
+    tags (``mlflow.*``) and ours, with the run's own tags (``async_tracker.tag.*``) as
+    booleans, its description as the note's key, and its ending (``async_tracker.ending``)."""
+    out: dict[str, object] = {}
+    for k, v in sorted(tags.items()):
+        if k.startswith(TAG_KEY_PREFIX):
+            out[k] = loads_tag(v) is True
+        elif k == MLFLOW_NOTE_TAG:
+            out[NOTE_KEY] = v
+        elif k == ENDING_KEY or not k.startswith(RESERVED_TAG_PREFIXES):
+            out[k] = loads_tag(v)
+    return out
+
+
+def status_of(info: Any) -> tuple[str, float | None]:
+    """How an MLflow run stands, from its ``RunInfo``: ``finished``, ``failed`` or
+    ``killed`` and its end time in seconds, or ``("running", None)`` (RUNNING, SCHEDULED)."""
+    ending = ENDING_OF_STATUS.get(str(info.status))
+    if ending is None:
+        return "running", None
+    return ending, info.end_time / 1000.0 if info.end_time is not None else None

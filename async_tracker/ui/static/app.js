@@ -89,7 +89,8 @@
   }
   // A running run's duration grows with the wall clock; its summary has it to the last write.
   const duration = (r) => (r.status === "running" && r.start ? Math.max(0, Date.now() / 1000 - r.start) : r.duration);
-  const badge = (status) => el("span", { class: `badge ${status}`, text: status || "unknown" });
+  // A run that failed or was killed says what ended it (run.cause) on hover.
+  const badge = (status, cause) => el("span", { class: `badge ${status}`, text: status || "unknown", title: cause || null });
 
   // -- the filter language's keys, quoted (see async_tracker/store/expr.py) ---------------
   const quote = (name) => "`" + name.replace(/[\\`]/g, (c) => "\\" + c) + "`";
@@ -273,7 +274,7 @@
           el("span", { class: "swatch", style: selected && color ? `background:${color};border-color:${color}` : null }),
           el("a", { class: "run-link", href: `#/run/${encodeURIComponent(r.id)}`, text: r.id }),
           r.note ? el("span", { class: "note", text: r.note }) : null),
-        el("td", {}, badge(r.status)),
+        el("td", {}, badge(r.status, r.cause)),
         el("td", { title: fmtTime(r.start) }, fmtAgo(r.start)),
         el("td", { class: "num" }, fmtDuration(duration(r))),
         ...params.map((p) => el("td", { class: "mono" }, fmtValue(r.params[p]))),
@@ -575,8 +576,9 @@
       sysCharts = new ChartSet(system, (rid) => (state.runSeries && state.runSeries.id === rid ? state.runSeries.metrics : {}), "system:");
     }
     $("run-head").replaceChildren(el("div", { class: "run-head" },
-      el("h1", { text: run.id }), badge(run.status), ...run.tags.map((t) => el("span", { class: "tag", text: t })),
+      el("h1", { text: run.id }), badge(run.status, run.cause), ...run.tags.map((t) => el("span", { class: "tag", text: t })),
       el("div", { class: "facts" },
+        run.cause ? el("span", { class: "cause" }, "Ended by ", el("b", { text: run.cause })) : null,
         el("span", {}, "Started ", el("b", { text: fmtTime(run.start) || "–" })),
         el("span", {}, run.end ? "Ended " : "Last seen ", el("b", { text: fmtTime(run.end || Math.max(run.heartbeat || 0, ...detail.writers.map((w) => w.time))) || "–" })),
         el("span", {}, "Duration ", el("b", { text: fmtDuration(duration(run)) || "–" })),
