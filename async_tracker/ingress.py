@@ -239,9 +239,12 @@ class Packed:
                 self._index[name] = i
             return i
 
-    def _peek(self, limit: int) -> bytes:
-        """The oldest ``limit`` points at most, as bytes, without taking them (on the loop).
-        Only from the front buffer: once it is read, the writers' buffer takes its place."""
+    def ready(self) -> bool:
+        """Makes the front buffer readable (on the loop): once it is read whole, the writers'
+        buffer takes its place, after the writers that fetched its ``extend`` are done. The
+        one step of a take that may wait: a cut calls it before it takes its ledger lock
+        (see RunPipeline.cut), and the take then finds it done. False if a writer is held
+        up (a debugger): nothing is read now."""
         if self._offset >= len(self._front) and self._buf:
             self._front, self._offset = self._buf, 0
             self._buf = bytearray()
@@ -252,8 +255,13 @@ class Packed:
             # once they have the GIL, so the wait is short. Bounded all the same: a writer
             # held up longer (a debugger) makes us read nothing now and look again later.
             self._settled = wait_for_writers(_PACKED_WRITES, SWAP_WAIT_S)
-            if not self._settled:
-                return b""
+        return self._settled
+
+    def _peek(self, limit: int) -> bytes:
+        """The oldest ``limit`` points at most, as bytes, without taking them (on the loop).
+        Only from the front buffer: once it is read, the writers' buffer takes its place."""
+        if not self.ready():
+            return b""
         end = min(len(self._front), self._offset + limit * POINT.size)
         return bytes(self._front[self._offset : end])
 

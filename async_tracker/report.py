@@ -40,6 +40,9 @@ class BackendStatus:
     # Records an earlier process of this run left in the spool, taken over by this lane
     # (counted in delivered, spooled ... as well): this process did not accept them.
     replayed: int = 0
+    # Once a close stopped the lane: records of a backend call it cut off, which the backend
+    # may store after all (counted in spooled or in_flight as well: where they wait).
+    in_doubt: int = 0
 
 
 @dataclass(frozen=True)
@@ -72,6 +75,16 @@ class FlushReport:
     are counted in the others too, so that ``delivered + pending + spooled + dropped`` is what
     this process accepted plus ``replayed``. ``ok`` is true when everything accepted so far is
     delivered, the end status included.
+
+    A report of ``close()`` is the outcome, not a snapshot: when it returns, ``delivered``
+    records are stored, ``spooled`` ones are in the spool (where the next start with the same
+    ``spool_dir``, a run reopened in this process included, or ``async-tracker sync`` delivers
+    them), ``pending`` ones are in memory only and go with the process, and nothing of the run
+    moves any more. One exception, counted: ``in_doubt`` records were in a backend call the
+    close cut off at its deadline (a call left running in a worker thread, a request already
+    sent, or a tracker loop blocked by a backend); the backend may store them after all. They
+    are counted where their copy waits (spooled or pending) as well; a replay of a spooled
+    copy that the backend stored already is stored once by idempotent backends.
     """
 
     delivered: int = 0
@@ -88,6 +101,7 @@ class FlushReport:
     end_pending: int = 0
     end_spooled: int = 0
     replayed: int = 0
+    in_doubt: int = 0
 
     @property
     def ok(self) -> bool:
@@ -139,6 +153,7 @@ class FlushReport:
             end_pending=sum(s.end_pending for s in b),
             end_spooled=sum(s.end_spooled for s in b),
             replayed=sum(s.replayed for s in b),
+            in_doubt=sum(s.in_doubt for s in b),
         )
 
     def summary(self, run_id: str, stores: Mapping[str, str] | None = None) -> str:
@@ -157,6 +172,8 @@ class FlushReport:
             counts.append(f"{self.dropped} dropped")
         if self.replayed:
             counts.append(f"{self.replayed} of them from an earlier process's spool")
+        if self.in_doubt:
+            counts.append(f"{self.in_doubt} of them in a write cut off (the backend may have them)")
         if self.end_spooled:
             counts.append("its end status spooled")
         if self.end_pending:

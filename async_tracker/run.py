@@ -24,6 +24,7 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import enum
+import functools
 import logging
 import os
 import threading
@@ -84,7 +85,13 @@ from async_tracker.run_config import RunConfig
 from async_tracker.runtime.ending import FINISHED, Ending, decide, exception_now
 from async_tracker.runtime.loop import wait_future
 from async_tracker.runtime.process import runtime
-from async_tracker.settings import CLOSE_SLACK_S, OverflowPolicy, RunOptions, read_timeout
+from async_tracker.settings import (
+    CLOSE_FENCE_S,
+    CLOSE_SLACK_S,
+    OverflowPolicy,
+    RunOptions,
+    read_timeout,
+)
 from async_tracker.spool import check_run_id, default_spool_dir, has_spool
 from async_tracker.system_metrics import SystemMetrics
 from async_tracker.tags import NOTE_KEY, check_note, split_metadata, tag_metadata
@@ -762,8 +769,10 @@ class AppRun:
                 # not the records' own, which tests replace.)
                 stamp = _metadata_clock.stamp(time.time_ns()) if ending.record() else 0
                 timeout = max(0.0, deadline - time.monotonic())
+                # The deadline itself, not only the time left: a loop that starts the close
+                # late (busy, or short of the GIL) must not move it later.
                 future = self._close_future = loop.submit(
-                    pipeline.close, timeout, ending, stamp
+                    functools.partial(pipeline.close, timeout, ending, stamp, deadline=deadline)
                 )
                 # Reads wait for a closing run until its close is over, then no more.
                 future.add_done_callback(self._writes_ended)
@@ -782,10 +791,18 @@ class AppRun:
             if self._close_report is not None:
                 return self._close_report
             try:
-                report = future.result(max(0.0, until - time.monotonic()) + CLOSE_SLACK_S)
+                # Until the deadline; then on through the slack, unless the loop is far
+                # behind (see RunPipeline.behind).
+                try:
+                    report = future.result(max(0.0, until - time.monotonic()))
+                except concurrent.futures.TimeoutError:
+                    if pipeline.behind():
+                        raise
+                    report = future.result(max(0.0, until - time.monotonic()) + CLOSE_FENCE_S)
             except concurrent.futures.TimeoutError:
-                # The loop itself is stuck (an async backend blocking it): answer anyway.
-                report = FlushReport.from_status(self.status(), timed_out=True)
+                # The loop is held (an async backend blocking it, or starved of the GIL):
+                # answer anyway, with a report that is the outcome (see RunPipeline.fence).
+                report = pipeline.fence()
             return self._closed_with(report)
 
         return wait
@@ -813,14 +830,18 @@ class AppRun:
     ) -> FlushReport:
         """Delivers what it can within ``timeout`` (default ``close_timeout``) and stops.
 
-        Returns within the timeout plus a small slack whatever the backends do; the report
-        says what was not delivered. Idempotent; writes afterwards raise
-        :class:`TrackerClosedError`. ``reason`` (how the job ended, passed to each backend's
-        ``end_run``: an MLflow run's status) is decided when not given, by the rule of
-        :mod:`async_tracker.runtime.ending`: ``killed`` after SIGTERM or while a
-        ``KeyboardInterrupt`` propagates, ``failed`` (with the exception's type and
-        message) while another exception propagates or as the process exits on one, else
-        what a framework last reported on the run, else ``finished``. An
+        Returns within the timeout plus half a second (``CLOSE_SLACK_S``) whatever the
+        backends or the disk do; threads that keep the GIL delay it only by its own few waits
+        for the GIL. The report is the outcome: its records are where it says (delivered;
+        spooled, for the next start or ``async-tracker sync``; or left in memory, lost at
+        exit), and nothing of the run moves them afterwards, but the ``in_doubt`` records of
+        a backend call cut off at the deadline, which the backend may still store.
+        Idempotent; writes afterwards raise :class:`TrackerClosedError`. ``reason`` (how the
+        job ended, passed to each backend's ``end_run``: an MLflow run's status) is decided
+        when not given, by the rule of :mod:`async_tracker.runtime.ending`: ``killed`` after
+        SIGTERM or while a ``KeyboardInterrupt`` propagates, ``failed`` (with the exception's
+        type and message) while another exception propagates or as the process exits on one,
+        else what a framework last reported on the run, else ``finished``. An
         :class:`~async_tracker.runtime.ending.Ending` (an integration's, found by that rule)
         is taken as it is.
         """
@@ -835,8 +856,10 @@ class AppRun:
         if self._close_report is not None:
             return self._close_report
         limit = self.options.close_timeout if timeout is None else timeout
-        deadline = runtime().close_deadline(limit)
-        report = self.begin_close(deadline, reason, exc)(deadline)
+        process = runtime()
+        deadline = process.close_deadline(limit)
+        with process.hurry():  # the GIL back promptly, for this thread and the loop
+            report = self.begin_close(deadline, reason, exc)(deadline)
         self._check_strict(report)
         return report
 
@@ -854,6 +877,17 @@ class AppRun:
     ) -> FlushReport:
         if self._close_report is not None:
             return self._close_report
+        with runtime().hurry():  # the GIL back promptly, for this thread and the loop
+            report = await self._aclose_within(timeout, reason, exc)
+        self._check_strict(report)
+        return report
+
+    async def _aclose_within(
+        self,
+        timeout: float | None,
+        reason: CloseReason | Ending | None,
+        exc: BaseException | None,
+    ) -> FlushReport:
         limit = self.options.close_timeout if timeout is None else timeout
         deadline = runtime().close_deadline(limit)
         wait = self.begin_close(deadline, reason, exc)
@@ -866,14 +900,24 @@ class AppRun:
             # Awaited on the caller's loop without a thread (a worker thread there keeps a
             # nest_asyncio process from exiting), bounded as close() is. Cancelling the caller
             # abandons the wait, not the close: a later close() waits for the same future.
+            pipeline = self._pipeline
+            assert pipeline is not None
             try:
-                wait_s = max(0.0, deadline - time.monotonic()) + CLOSE_SLACK_S
-                report = await wait_future(future, timeout=wait_s, cancel=False)
+                # Until the deadline; then on through the slack, unless the loop is far
+                # behind (see RunPipeline.behind), as close() does.
+                try:
+                    wait_s = max(0.0, deadline - time.monotonic())
+                    report = await wait_future(future, timeout=wait_s, cancel=False)
+                except concurrent.futures.TimeoutError:
+                    if pipeline.behind():
+                        raise
+                    wait_s = max(0.0, deadline - time.monotonic()) + CLOSE_FENCE_S
+                    report = await wait_future(future, timeout=wait_s, cancel=False)
             except concurrent.futures.TimeoutError:
-                # The loop itself is stuck (an async backend blocking it): answer anyway.
-                report = FlushReport.from_status(self.status(), timed_out=True)
+                # The loop is held (an async backend blocking it): answer anyway, with a
+                # report that is the outcome (see RunPipeline.fence).
+                report = pipeline.fence()
             report = self._closed_with(report)
-        self._check_strict(report)
         return report
 
     # W&B's and Trackio's name for the end of a run: close() (and aclose()), with its report.

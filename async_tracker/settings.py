@@ -29,10 +29,41 @@ DEFAULT_WAKE_INTERVAL_S = 0.05
 # While a run is overloaded, how long the flusher (and a flush) let its lanes spill before
 # taking the next share of its packed ingress.
 PACKED_PAUSE_S = 0.005
-# What close() may take beyond its timeout: reading counters and building the report.
+# What close(timeout) may take beyond its timeout, in all: it returns within
+# timeout + CLOSE_SLACK_S, whatever the backends, the disk or the other threads do. Within it,
+# measured from the close's deadline:
 CLOSE_SLACK_S = 0.5
-# What close() may add to its deadline to write undelivered records to the spool.
-SPOOL_GRACE_S = 0.25
+# ... until SPOOL_GRACE_S the tracker loop writes what is still undelivered to the spool (a
+# slice at a time; what does not fit stays in memory, counted as lost at exit) ...
+SPOOL_GRACE_S = 0.2
+# ... until BACKEND_CLOSE_GRACE_S it closes the backends the run built (after its report) ...
+BACKEND_CLOSE_GRACE_S = 0.28
+# ... and at CLOSE_FENCE_S the caller stops waiting for the loop (stuck in a backend that
+# blocks it, or starved of the GIL): it fences the run, whose report is then the state at that
+# moment, and nothing of the run moves records afterwards (see RunPipeline.fence). The rest
+# of the slack is the caller's own: threads that hold the GIL (16 of them spinning) make each
+# of its few waits for it cost tens of milliseconds.
+CLOSE_FENCE_S = 0.3
+# While closing, the most records one step on the tracker loop's thread handles (rounded up to
+# whole batches): a cut, or a write to the spool (encoded on the loop, a few microseconds a
+# record under load), so that no step runs far past a deadline, and the steps of other runs
+# interleave.
+CLOSE_SLICE_RECORDS = 20_000
+# What a write to the spool is expected to take per record before a run has measured its own.
+DEFAULT_SPOOL_S_PER_RECORD = 3e-6
+# While delivering at a close, what waits in memory goes to the spool (behind the batch being
+# delivered) once the time left is under this many times what writing it is expected to take:
+# the disk then holds it by the deadline, instead of a last-moment write that cannot finish.
+CLOSE_SPILL_MARGIN = 2.0
+# How often a close that waits for its lanes looks at the time left against that.
+CLOSE_LOOK_S = 0.05
+# The interpreter's switch interval while a close runs (sys.setswitchinterval; Python's default
+# is 5 ms), restored when the last close under way returns. A thread that wants the GIL back
+# (the closing thread waking at its deadline, the tracker loop after each wait) asks the holder
+# to let go after this long, then waits for every other thread that wants it too: with 16
+# threads that keep the GIL busy, each such wait costs 16 x 5 ms and more at the default, and
+# a close takes a handful of them after its deadline.
+CLOSE_SWITCH_INTERVAL_S = 0.0005
 # Seconds between a live run's heartbeats in its stores (0: none): readers show a run that
 # never ended and whose heartbeats are older than CRASHED_AFTER_BEATS intervals as crashed.
 DEFAULT_HEARTBEAT_S = 30.0

@@ -23,6 +23,11 @@ record splits its batch until the record stands alone, and only it is dropped, c
 named. If a task of the lane dies, its records stay where they are, the error is reported, and
 nothing else stops.
 
+At a close, the run's pipeline stops the lane at its deadline (:meth:`Lane.stop`, then
+:meth:`Lane.wind_down`). A write cut off there may still be stored by the backend (a call
+left running in a worker thread, a request already sent): its records stay where they are
+(and are spooled with the rest), and the report counts them ``in_doubt`` as well.
+
 Everything here runs on the tracker loop; other threads only read counters (``status()``).
 """
 
@@ -31,6 +36,7 @@ from __future__ import annotations
 import logging
 import random
 from collections.abc import Awaitable, Callable
+from contextlib import AbstractContextManager
 from typing import Any
 
 import anyio
@@ -71,6 +77,7 @@ class Lane:
         rng: random.Random | None = None,
         heartbeat_s: float = 0.0,
         life: int = 0,
+        ledger: AbstractContextManager[object] | None = None,
     ) -> None:
         self.run_id = run_id
         # Which life of the run this process lives (see Batch.life): said with each
@@ -100,6 +107,7 @@ class Lane:
             name=name,
             on_error=self._on_spool_error,
             on_lost=self._on_lost,
+            ledger=ledger,
         )
         # Counters, in records. Every record put in the lane is in exactly one of: the log's
         # memory, the log's disk, delivered, dropped.
@@ -119,6 +127,12 @@ class Lane:
         self.deadline: float | None = None  # set by close()
         self._running = False  # run() was started
         self._bound = False
+        # Records of the backend call under way, of the delivered head being completed (its
+        # ack), and of a backend call the close cut off: the report's ``in_doubt``.
+        self._calling = 0
+        self._completing = 0
+        self._cut_off = 0
+        self._stopped = False  # stop() was called: delivery is over
 
     @property
     def memory(self) -> int:
@@ -201,11 +215,13 @@ class Lane:
     def status(self, buffered: int) -> BackendStatus:
         log = self.log
         head = log.head()
+        memory, ends_memory = log.memory_count()
+        disk, ends_disk = log.disk_count()
         return BackendStatus(
             name=self.name,
             buffered=buffered,
-            in_flight=log.memory,
-            spooled=log.disk,
+            in_flight=memory,
+            spooled=disk,
             delivered=self.delivered,
             dropped=self.dropped,
             retries=self.retries,
@@ -215,10 +231,20 @@ class Lane:
             spool_path=log.spool.path,
             shed=self.shed,
             refused=tuple(self.refused),
-            end_pending=log.ends_memory,
-            end_spooled=log.ends_disk,
+            end_pending=ends_memory,
+            end_spooled=ends_disk,
             replayed=log.adopted,
+            in_doubt=self.in_doubt(),
         )
+
+    def in_doubt(self) -> int:
+        """Once delivery stopped (a close): the records a backend may store although they are
+        counted where they wait, on disk or in memory. Those of a call the close cut off; or,
+        while the deliverer is still at it (on a tracker loop that a backend blocks, or a
+        disk slow to take an ack), those of the call under way or of the head it completes."""
+        if not (self._stopped or self.log.fenced):
+            return 0
+        return self._cut_off + self._calling + self._completing
 
     def delivery_state(self) -> dict[str, object]:
         """What a heartbeat tells readers of the lane (see :meth:`status`)."""
@@ -303,6 +329,8 @@ class Lane:
         await self.log.adopt()
         self._signal_progress()
         while True:
+            if self.log.fenced:
+                return  # the close has its report: nothing moves any more
             entry = self.log.head()
             if entry is None:
                 self._signal_progress()
@@ -329,7 +357,14 @@ class Lane:
             finally:
                 self.log.in_flight = None
             if done:
-                await self._complete(entry)
+                # Shielded: the backend has the batch, and a close's deadline landing here
+                # must not leave it counted where it waited (its ack is one small file).
+                self._completing = entry.records
+                try:
+                    with anyio.CancelScope(shield=True):
+                        await self._complete(entry)
+                finally:
+                    self._completing = 0
 
     async def _attempt(self, entry: Entry) -> bool:
         """One round of writes of the head. True when it is done with (delivered, or its
@@ -382,8 +417,14 @@ class Lane:
         if store is not None:
             batch.done_for = store
         before = len(batch.done)  # marks are only added while a write runs
+        self._calling = batch.records
         try:
             await self.backend.write_batch(run_id, batch)
+        except anyio.get_cancelled_exc_class():
+            # Cut off by the close: the call may go on without us (a worker thread), or
+            # have reached the backend already. Its records are in doubt.
+            self._cut_off = batch.records
+            raise
         except Exception as exc:
             stored = len(batch.done) - before
             self.parts_stored += stored
@@ -392,6 +433,8 @@ class Lane:
             if mapped is exc:
                 raise
             raise mapped from exc
+        finally:
+            self._calling = 0
 
     def _on_retry(self, exc: BaseException) -> None:
         self.retries += 1
@@ -435,23 +478,32 @@ class Lane:
 
     async def _complete(self, entry: Entry) -> None:
         """The head is done: the log persists the ack and tidies the disk, then the lane counts
-        it (no wait in between: a flush that sees the count finds the disk tidied)."""
-        await self.log.complete(entry)
-        self.delivered += entry.records - entry.dropped
-        self.dropped += entry.dropped
+        it (no wait in between: a flush that sees the count finds the disk tidied). The log's
+        counters and ours move as one, under the ledger; not once fenced (the close's report
+        is made: it counts the head where it waited, in doubt)."""
+        await self.log.settle(entry)
+        with self.log.ledger:
+            if self.log.fenced:
+                return
+            self.log.take_out(entry)
+            self.delivered += entry.records - entry.dropped
+            self.dropped += entry.dropped
         self._signal_progress()
 
     # -- close ----------------------------------------------------------------------------------
     def stop(self) -> None:
-        """Stops delivery for good (a write hung in a worker thread is left behind). The
-        spiller goes on until :meth:`spool_leftovers`: a segment it is writing must finish
-        (cancelled, the file could still appear, and its records be written twice)."""
+        """Stops delivery for good (a write hung in a worker thread is left behind: its
+        records are in doubt), and the spiller from starting another write. The write it has
+        under way ends in :meth:`wind_down`."""
         self.bind()
+        self._stopped = True
+        self.log.stop_spilling()
         self._deliver_scope.cancel()
 
-    async def spool_leftovers(self) -> None:
-        """After :meth:`stop`: writes what is still in memory only to disk, each run of
-        consecutive entries to its own segment, so that a replay keeps the order."""
+    async def wind_down(self) -> None:
+        """After :meth:`stop`: lets the spiller's write under way end (the caller bounds the
+        wait; cut short, the write is given up at its commit point), then ends the lane's
+        tasks and waits until they are over."""
         try:
             await self.log.wait_idle()
         finally:
@@ -463,6 +515,12 @@ class Lane:
             # read sooner, a batch would be both delivered and spooled (counted twice, and
             # sent again by the next start).
             await self._ended.wait()
+
+    async def spool_leftovers(self) -> None:
+        """After :meth:`stop`: :meth:`wind_down`, then writes what is still in memory only to
+        disk, each run of consecutive entries to segments of its own, so that a replay keeps
+        the order."""
+        await self.wind_down()
         await self.log.spill_leftovers()
 
     async def release(self) -> None:

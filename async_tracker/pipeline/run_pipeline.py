@@ -15,6 +15,7 @@ ownership: its writers wait on their own threads, on a ``threading.Event``.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import random
@@ -26,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import anyio.lowlevel
 
 from async_tracker.base import AsyncTrackerBase, CloseReason
 from async_tracker.clock import Clock
@@ -34,12 +36,21 @@ from async_tracker.ingress import Ingress, Packed, Record, Sink
 from async_tracker.pipeline.cutter import Cutter
 from async_tracker.pipeline.lane import Lane
 from async_tracker.pipeline.overflow import HotPath, make_overflow
-from async_tracker.records import Batch
+from async_tracker.records import Batch, MetricColumns
 from async_tracker.report import FlushReport, TrackerStatus
 from async_tracker.runtime.ending import FINISHED, Ending
 from async_tracker.runtime.process import runtime
-from async_tracker.settings import PACKED_PAUSE_S, SPOOL_GRACE_S, RunOptions
-from async_tracker.spool.io import SpoolIO
+from async_tracker.settings import (
+    BACKEND_CLOSE_GRACE_S,
+    CLOSE_FENCE_S,
+    CLOSE_LOOK_S,
+    CLOSE_SLICE_RECORDS,
+    CLOSE_SPILL_MARGIN,
+    PACKED_PAUSE_S,
+    SPOOL_GRACE_S,
+    RunOptions,
+)
+from async_tracker.spool.io import SpoolIO, wait_released
 from async_tracker.spool.store import Spool, default_spool_dir, new_token
 from async_tracker.tensors import DeferredValue, settle
 
@@ -47,6 +58,9 @@ logger = logging.getLogger(__name__)
 
 # How many pauses without progress a flush of an overloaded run waits for its lanes to spill.
 PACKED_STALL_ROUNDS = 40
+
+# Why a close drops the metric values a device has not computed in time.
+GIVE_UP = "its device had not computed the value by close's deadline"
 
 
 # The jitter of retries in runs given no generator of their own.
@@ -100,6 +114,13 @@ class RunPipeline:
         # What the run does past its bound (spool, block, drop_oldest): one object, owning
         # that policy's state; the lanes are told its name and their share of the bound.
         self.overflow = make_overflow(run_id, options, set_hot)
+        # The run's ledger: held by a cut while it takes a batch and while it hands it to
+        # the lanes (not while it numbers it: see cut()), by every move of records between
+        # the lanes' counters (delivered, in memory, on disk), and by status() and fence():
+        # the one thing here other threads wait for, a few counter updates at most, and
+        # never across an await. Reentrant: a signal handler may read the status on the
+        # thread that cuts (the simulator's).
+        self._counting = threading.RLock()
         self.lanes = [
             Lane(
                 run_id,
@@ -115,6 +136,7 @@ class RunPipeline:
                 rng=rng,
                 heartbeat_s=options.heartbeat_s,
                 life=life,
+                ledger=self._counting,
             )
             for name, backend in backends
         ]
@@ -133,18 +155,28 @@ class RunPipeline:
         # computed on a device (see tensors.py): they wait here, in order, ahead of the rest.
         self.unsettled = Ingress()
         self._stalled = False  # this cut stopped at such a value
+        # Records a cut has taken and not yet handed to the lanes (see cut()).
+        self._in_hand = 0
         # Once close's deadline has passed: why values still not ready are dropped.
         self._give_up: str | None = None
         # Where records wait, oldest first: after a switch, the structure written to before
         # it holds only older records, so it is drained first. Held records are older still.
         self._sources: list[Ingress | Packed] = [self.unsettled, ingress, self.packed]
         self.overloaded = False
-        # Held by a cut from taking a batch to handing it to the lanes, and by status():
-        # the one thing here other threads wait for, one batch's cut at most. Reentrant: a
-        # signal handler may read the status on the thread that cuts (the simulator's).
-        self._counting = threading.RLock()
         self.last_cut = self.clock.now()
         self.closed = False
+        # Set by fence() (under the ledger): the close's report was made from another thread
+        # while this loop was held; nothing here moves records any more.
+        self.fenced = False
+        # The close's report, once made: by the close on the loop or by fence(), whichever
+        # comes first (under the ledger); the other one answers with it.
+        self._final: FlushReport | None = None
+        # How far the close on the loop has come ("" until it starts; "cut", "deliver",
+        # "spool", "done"): read by a caller deciding whether waiting for it is worth it
+        # (see behind()).
+        self.close_phase = ""
+        self.sealed_at = math.inf  # when seal() was first called (this clock's time)
+        self._end_sealed = False  # the run's end record is in the lanes
         # The scopes of the flushes (and reads) waiting for lanes: close() ends them once it
         # has stopped the lanes, or they would wait forever for progress that cannot come.
         self._waiting: set[anyio.CancelScope] = set()
@@ -153,7 +185,7 @@ class RunPipeline:
         # while it runs; then the scopes of the close under way move with it. Each scope
         # maps to its floor: the time before which it must not end (the last step's bound).
         self._deadline = math.inf
-        self._deadline_scopes: dict[anyio.CancelScope, float] = {}
+        self._deadline_scopes: dict[anyio.CancelScope, tuple[float, float]] = {}
 
     # -- what the process's flusher drives (async_tracker.runtime.flusher.Ticked) ----------------
     def tasks(self) -> list[tuple[str, Callable[[], Coroutine[Any, Any, None]]]]:
@@ -177,11 +209,15 @@ class RunPipeline:
         else:
             self.check_memory()
 
-    def cut(self, everything: bool = False) -> None:
+    def cut(self, everything: bool = False, most: int | None = None) -> None:
         """Moves the records waiting in the ingress into batches of at most ``batch_size``,
         handed to every lane in order. Under overload the packed ingress is taken a share
         at a time, as the lanes write what they hold to disk: what waits stays packed
-        (unless ``everything``)."""
+        (unless ``everything``). ``most``: records to take in this call, at most, rounded
+        up to whole batches (a slice: the caller awaits between slices, so that a long cut
+        does not hold the loop)."""
+        if self.fenced:
+            return  # the close's report is made: what waits stays where it is counted
         self._cutter_thread = threading.get_ident()
         self.check_memory()
         self.last_cut = self.clock.now()
@@ -196,6 +232,7 @@ class RunPipeline:
                     if taken:
                         self.overflow.shed(self.cutter.cut(taken), self.lanes)
                 excess -= len(taken)
+        left = math.inf if most is None else most
         for source in list(self._sources):
             budget = len(source)
             if source is self.packed and self.overloaded and not everything:
@@ -204,45 +241,76 @@ class RunPipeline:
                 # since each hop to the spool thread waits for the GIL).
                 held = max((lane.memory for lane in self.lanes), default=0)
                 budget = min(budget, max(0, limit // 2 - held))
-            while budget > 0:
-                with self._counting:  # taken, numbered and handed over as one step
-                    batch = self._take_batch(source, min(budget, self.options.batch_size))
+            while budget > 0 and left > 0:
+                # A slice ends between batches: it never cuts one short (a flush is still
+                # one write_batch per backend for up to batch_size records).
+                size = int(min(budget, self.options.batch_size))
+                # Taken under the ledger, and counted as in hand until the lanes have it, so
+                # that a reader of the counts (status(), fence()) never sees a batch in
+                # neither place. Numbered and made a batch outside it: the costly part, which
+                # a fence (a caller at its close's deadline) must not wait for; so is the
+                # packed ingress's wait for its writers before a take.
+                if source is self.packed:
+                    self.packed.ready()
+                with self._counting:
+                    if self.fenced:
+                        return
+                    got, n = self._take_some(source, size)
+                    self._in_hand = n
+                if not n:
+                    break
+                batch, back, lost = self._make_batch(got)
+                with self._counting:
+                    if self.fenced:
+                        return  # its report counts them in hand (pending): so they stay
+                    self._in_hand = 0
+                    self._settled(back, lost)
                     if batch is not None:
                         for lane in self.lanes:
                             lane.put(batch)
-                if batch is None:
-                    break
-                budget -= batch.records
+                budget -= n
+                left -= n
                 # A long cut shares the GIL with writers that may be filling the ingress
                 # faster than it drains: look at the bound between batches, not only at ticks.
                 self.check_memory()
                 if self._stalled:
                     break
-            if len(source) or self._stalled:
+            if len(source) or self._stalled or left <= 0:
                 break  # the rest of this one first: newer sources wait behind it
 
-    def _take_batch(self, source: Ingress | Packed, limit: int) -> Batch | None:
-        """The next batch of ``source``: packed points straight as columns when they allow
-        it (no object per point), else records as the deque holds them."""
+    def _take_some(
+        self, source: Ingress | Packed, limit: int
+    ) -> tuple[MetricColumns | list[Record], int]:
+        """Up to ``limit`` of the oldest records of ``source`` and how many: packed points
+        straight as columns when they allow it (no object per point), else records as the
+        deque holds them."""
         if source is self.packed:
             columns = self.packed.take_columns(limit)
             if columns is not None:
-                return self.cutter.cut_columns(columns)
-        while True:
-            records = _take(source, limit)
-            if records and DeferredValue.made:
-                records = self._settle(records)
-                if not records and not self._stalled:
-                    continue  # every point taken was lost (and counted): take the next
-            return self.cutter.cut(records) if records else None
+                return columns, len(columns)
+        records = _take(source, limit)
+        return records, len(records)
 
-    def _settle(self, records: list[Record]) -> list[Record]:
-        """The records whose device values are known, with those values; from the first
-        not yet known on, records wait in ``unsettled`` (before they get their numbers, so
-        that their order is kept: the next cut starts with them)."""
-        ready, waiting, lost = settle(records, self._give_up)
-        if waiting:
-            self.unsettled.put_back(waiting)
+    def _make_batch(
+        self, taken: MetricColumns | list[Record]
+    ) -> tuple[Batch | None, list[Record], list[str]]:
+        """The batch of what was taken; and, of records whose first device value is not
+        ready, those from it on (they wait, before they get their numbers, so that their
+        order is kept), and what was lost (see tensors.py)."""
+        if isinstance(taken, MetricColumns):
+            return self.cutter.cut_columns(taken), [], []
+        records: list[Record] = taken
+        back: list[Record] = []
+        lost: list[str] = []
+        if records and DeferredValue.made:
+            records, back, lost = settle(records, self._give_up)
+        return (self.cutter.cut(records) if records else None), back, lost
+
+    def _settled(self, back: list[Record], lost: list[str]) -> None:
+        """Under the ledger: records whose device value is not ready go back to wait in
+        ``unsettled`` (the next cut starts with them); lost points are counted and named."""
+        if back:
+            self.unsettled.put_back(back)
             self._stalled = True
         if lost:
             logger.warning(
@@ -254,7 +322,6 @@ class RunPipeline:
                     lane.dropped += len(lost)
                     more = f" and {len(lost) - 1} more" if len(lost) > 1 else ""
                     lane.refused.append(f"{len(lost)} records: {lost[0]}{more}")
-        return ready
 
     # -- the memory bound -----------------------------------------------------------------------
     def _off_the_loop(self) -> bool:
@@ -268,7 +335,9 @@ class RunPipeline:
         return self.waiting() + lanes
 
     def waiting(self) -> int:
-        return len(self.unsettled) + len(self.ingress) + len(self.packed)
+        """Records not in a lane yet: in the ingress, waiting for a device, or in a cut's
+        hands."""
+        return len(self.unsettled) + len(self.ingress) + len(self.packed) + self._in_hand
 
     def _switch(self, to: HotPath) -> None:
         """Swaps the hot path between the deque and the packed ingress. Once set_hot has
@@ -345,43 +414,71 @@ class RunPipeline:
         return self.report(timed_out=scope.cancelled_caught)
 
     async def _cut_all(self) -> None:
-        """Cuts everything waiting; under overload a share at a time, letting the lanes
-        write each to disk before the next (memory stays bounded while a flush drains)."""
-        self.cut()
+        """Cuts everything waiting; a slice at a time, awaiting in between (a long cut on the
+        loop would hold every deadline, this run's close's included); under overload a share
+        at a time, letting the lanes write each to disk before the next (memory stays bounded
+        while a flush drains)."""
+        target = self.cutter.next_seq + self.waiting()  # what waits now: writers may add more
+        await self._cut_slices(target)
         stalled = 0
-        while len(self.packed) or len(self.unsettled):
+        while (len(self.packed) or len(self.unsettled)) and not self.fenced:
             before = (len(self.packed), [lane.memory for lane in self.lanes])
             # Also a device value's short wait: polled, so that the loop goes on meanwhile.
             await self.clock.sleep(PACKED_PAUSE_S)
-            self.cut()
+            # Lanes that cannot spill (a full disk) would make this wait forever: after a
+            # while without progress, take the rest into memory (it is pending there).
+            self.cut(everything=stalled >= PACKED_STALL_ROUNDS, most=CLOSE_SLICE_RECORDS)
             if len(self.unsettled):
                 stalled = 0  # waiting for a device, not for the lanes
                 continue
-            # Lanes that cannot spill (a full disk) would make this wait forever: after a
-            # while without progress, take the rest into memory (it is pending there).
-            progress = (len(self.packed), [lane.memory for lane in self.lanes]) != before
-            stalled = 0 if progress else stalled + 1
-            if stalled >= PACKED_STALL_ROUNDS:
-                self.cut(everything=True)
+            if stalled < PACKED_STALL_ROUNDS:
+                progress = (len(self.packed), [lane.memory for lane in self.lanes]) != before
+                stalled = 0 if progress else stalled + 1
+        await self._cut_slices(target)  # what the deque holds behind the packed records
+
+    async def _cut_slices(self, target: int, everything: bool = False) -> None:
+        """Cuts until the records numbered below ``target`` are, a slice at a time."""
+        while self.cutter.next_seq < target and not self.fenced:
+            before = self.cutter.next_seq
+            self.cut(everything=everything, most=CLOSE_SLICE_RECORDS)
+            if self.cutter.next_seq == before or self.cutter.next_seq >= target or self._stalled:
+                # All of it; or nothing more to take now (packed under overload, a device
+                # value). No await then: the lanes have not run since the cut.
+                return
+            await anyio.lowlevel.checkpoint()
 
     def seal(self) -> None:
         """The run takes no more writes (from any thread): writers waiting for room under
         the block policy give up now, with TrackerClosedError."""
+        if not self.closed:
+            self.sealed_at = self.clock.now()
         self.closed = True
         self.packed.sealed = True  # writers waiting for room in it raise, not write
         self.overflow.seal()
 
     async def close(
-        self, timeout: float, ending: Ending = FINISHED, stamp_ns: int = 0
+        self,
+        timeout: float,
+        ending: Ending = FINISHED,
+        stamp_ns: int = 0,
+        *,
+        deadline: float | None = None,
     ) -> FlushReport:
         """Seals the run's end record (``ending``: its reason, and what ended a run that did
         not finish as metadata stamped ``stamp_ns``) after every record accepted, delivers
         what it can until ``timeout`` (or the earlier deadline :meth:`shorten` set), then
         stops the lanes whatever they do and spools what they still hold in memory, the end
-        record included: a backend that is down gets it from the spool later, in its place
-        (last). Then closes the backends the run built. The ingress was sealed by the
-        caller."""
-        self._deadline = min(self._deadline, self.clock.now() + timeout)
+        record first, until ``SPOOL_GRACE_S`` past the deadline. Then closes the backends the
+        run built. The ingress was sealed by the caller.
+
+        The report is the outcome: once it is made, the lanes are over and every write to
+        disk either took effect or never will (see :meth:`~async_tracker.spool.log.BatchLog.
+        fence`), so the records are where it says, and stay there. See :meth:`fence` for a
+        caller that cannot wait for this (a loop held by a backend). ``deadline``, if given,
+        is the deadline itself (this clock's time), as the caller computed it: a loop that
+        starts this task late must not move it later."""
+        end = self.clock.now() + timeout if deadline is None else deadline
+        self._deadline = min(self._deadline, end)
         self.seal()
         try:
             return await self._close(ending, stamp_ns)
@@ -396,68 +493,184 @@ class RunPipeline:
         if deadline >= self._deadline:
             return
         self._deadline = deadline
-        for scope, floor in list(self._deadline_scopes.items()):
-            self.clock.move(scope, max(floor, deadline))
+        for scope, (floor, offset) in list(self._deadline_scopes.items()):
+            self.clock.move(scope, max(floor, deadline + offset))
         for lane in self.lanes:
             if lane.deadline is not None:  # retrying to the old deadline: stop sooner
                 lane.begin_close(deadline)
+                lane.log.begin_close(deadline + SPOOL_GRACE_S)
 
     @contextmanager
     def _until_deadline(
-        self, floor: float = -math.inf, shield: bool = False
+        self, floor: float = -math.inf, shield: bool = False, offset: float = 0.0
     ) -> Iterator[anyio.CancelScope]:
-        """A scope that ends at close()'s deadline, wherever :meth:`shorten` moves it, but
-        not before ``floor``."""
-        with self.clock.deadline(max(floor, self._deadline), shield) as scope:
-            self._deadline_scopes[scope] = floor
+        """A scope that ends ``offset`` seconds past close()'s deadline, wherever
+        :meth:`shorten` moves it, but not before ``floor``."""
+        with self.clock.deadline(max(floor, self._deadline + offset), shield) as scope:
+            self._deadline_scopes[scope] = (floor, offset)
             try:
                 yield scope
             finally:
                 del self._deadline_scopes[scope]
 
-    async def _close(self, ending: Ending, stamp_ns: int) -> FlushReport:
-        reason = ending.reason
-        with self._until_deadline():
-            await self._cut_all()
-        # Device values not computed by now are dropped (counted), not waited for.
-        self._give_up = "its device had not computed the value by close's deadline"
-        self.cut(everything=True)  # what the deadline left packed: to the lanes, then disk
-        if self.ends_run:
-            # After the last cut: its number follows every record the run accepted.
+    def _seal_end(self, ending: Ending, stamp_ns: int) -> None:
+        """The run's end record, after every record cut: to every lane (the last batch)."""
+        with self._counting:
+            if self.fenced:
+                return
             sealed = self.cutter.cut_end(
-                reason, time.time(), self.life_start, ending.metadata(), stamp_ns
+                ending.reason, time.time(), self.life_start, ending.metadata(), stamp_ns
             )
             for lane in self.lanes:
                 lane.put(sealed)
+            self._end_sealed = True
+
+    async def _close(self, ending: Ending, stamp_ns: int) -> FlushReport:
+        reason = ending.reason
+        # Until the deadline: cut what waits, seal the end record after it, deliver.
+        self._step("cut")
         for lane in self.lanes:
             lane.begin_close(self._deadline)
+            lane.log.begin_close(self._deadline + SPOOL_GRACE_S)
+        # Values a device is still computing are waited for until a quarter of the close's
+        # time before its deadline (SPOOL_GRACE_S at most); then they are dropped (counted),
+        # and the records behind them still have that time to be delivered.
+        margin = min(SPOOL_GRACE_S, max(0.0, self._deadline - self.clock.now()) / 4)
+        with self._until_deadline(offset=-margin) as cutting:
+            await self._cut_all()
+        if cutting.cancelled_caught:
+            if len(self.unsettled):
+                self._give_up = GIVE_UP
+            with self._until_deadline():
+                await self._cut_all()
+        if self.ends_run and not self.waiting():
+            self._seal_end(ending, stamp_ns)
+        self._step("deliver")
         with self._until_deadline() as scope:
-            for lane in self.lanes:
-                while not lane.drained() and lane.failure is None:
-                    await lane.wait_progress()
+            await self._deliver_until_deadline()
+        if self.fenced:
+            assert self._final is not None
+            return self._final
+        # The deadline: delivery stops; until SPOOL_GRACE_S past it, what is undelivered goes
+        # to disk. Shielded: the records must reach the disk even if this close() is itself
+        # cancelled; bounded: every step is a slice, and a write cut short at the end is given
+        # up at its commit point (it took effect, or never will).
+        self._step("spool")
         for lane in self.lanes:
             lane.stop()
-        # Shielded and bounded: the records must reach the disk even if this close() is
-        # itself cancelled, but a stuck disk must not hold the caller past its deadline.
-        grace = max(self.clock.now(), self._deadline) + SPOOL_GRACE_S
-        with self.clock.deadline(grace, shield=True):
+        with self._until_deadline(shield=True, offset=SPOOL_GRACE_S):
             for lane in self.lanes:
-                await lane.spool_leftovers()
-        with self.clock.deadline(grace, shield=True):
-            for lane in self.lanes:
-                try:
-                    await lane.release()
-                except OSError as exc:
-                    logger.warning("async_tracker: releasing the spool of %s: %s", lane.name, exc)
-        report = self.report(timed_out=scope.cancelled_caught)
-        if self.owns_backends:
+                await lane.wind_down()
+        # Device values not computed by now are dropped (counted), not waited for.
+        self._give_up = GIVE_UP
+        with self._until_deadline(shield=True, offset=SPOOL_GRACE_S):
+            await self._cut_slices(self.cutter.next_seq + self.waiting(), everything=True)
+        if self.ends_run and not self._end_sealed:
+            # After the last cut. Records the grace left uncut stay in the ingress (counted
+            # pending): they never get a number, and the end record is still the last one.
+            self._seal_end(ending, stamp_ns)
+        with self._until_deadline(shield=True, offset=SPOOL_GRACE_S):
+            await self._spool_leftovers()
+        # Our spool locks, released on the spool thread, in its turn: waited for within the
+        # grace (a clean close leaves no lock file), and done all the same if not.
+        released = [lane.log.release_now() for lane in self.lanes]
+        with self._until_deadline(shield=True, offset=SPOOL_GRACE_S):
+            for done in released:
+                await wait_released(done)
+        with self._counting:
+            if self._final is None:  # else fence() made it while this loop was held
+                self._final = self.report(timed_out=scope.cancelled_caught)
+            report = self._final
+        self._step("done")
+        if self.owns_backends and not self.fenced:
             # Shielded: a backend left half-closed is worse than waiting out the rest of our
-            # deadline. Only the backends the run built are closed (the end record told
+            # slack. Only the backends the run built are closed (the end record told
             # every backend, those the user built too, how the run ended).
-            with self._until_deadline(floor=self.clock.now() + SPOOL_GRACE_S, shield=True):
+            with self._until_deadline(shield=True, offset=BACKEND_CLOSE_GRACE_S):
                 async with anyio.create_task_group() as tg:
                     for lane in self.lanes:
                         tg.start_soon(self._close_quietly, lane, reason)
+        return report
+
+    async def _deliver_until_deadline(self) -> None:
+        """Waits for the lanes to deliver everything (or fail), looking every CLOSE_LOOK_S
+        at the time left: once it is about what writing what waits in memory to the spool
+        takes, the lanes write it behind the batch they deliver, so that the disk holds it by
+        the deadline instead of a last write that cannot finish."""
+        while True:
+            busy = [lane for lane in self.lanes if not lane.drained() and lane.failure is None]
+            if not busy or self.fenced:
+                return
+            need = sum(lane.log.spool_need_s() for lane in busy)  # one spool thread for all
+            if self._deadline - self.clock.now() <= CLOSE_SPILL_MARGIN * need:
+                for lane in busy:
+                    lane.log.spill_now()
+            with self.clock.move_on_after(CLOSE_LOOK_S):
+                await busy[0].wait_progress()
+
+    async def _spool_leftovers(self) -> None:
+        """Writes what the lanes still hold in memory only to disk, slices taken from each
+        lane in turn (each backend keeps its copy), each begun only if it should end before
+        the spool's grace ends; when not all of a lane's should, its first slice is its end
+        record (see BatchLog.leftovers). What does not fit stays in memory: the report counts
+        it as lost at exit."""
+        until = self._deadline + SPOOL_GRACE_S
+        slices = {lane: list(lane.log.leftovers(until)) for lane in self.lanes}
+        while any(slices.values()) and not self.fenced:
+            for lane, runs in slices.items():
+                if not runs:
+                    continue
+                run = runs.pop(0)
+                until = self._deadline + SPOOL_GRACE_S
+                if not lane.log.fits(run, until) or not await lane.log.write_leftover(run):
+                    runs.clear()  # no time, or the disk failed: the rest of it stays
+
+    def _step(self, phase: str | None = None) -> None:
+        """The close on the loop takes a step: where it is, for a caller deciding how long
+        to wait for it (see behind())."""
+        if phase is not None:
+            self.close_phase = phase
+
+    def behind(self) -> bool:
+        """At the close's deadline (from another thread): whether the close on the loop is so
+        far behind that waiting out the slack for it is not worth it: given the time (at
+        least ``CLOSE_FENCE_S`` since the run was sealed), the loop has not begun it, or is
+        still cutting what waited when it began (starved of the GIL by threads that keep it
+        busy, or held by a backend). Its caller then fences at once, keeping the slack for
+        its own waits for the GIL. A close that delivers or spools is waited for through the
+        slack, however slowly it goes: a loop that is slow, not stuck, still writes what it
+        holds to the spool in that time; and so is any close given no time (``timeout=0``)."""
+        if self.clock.now() - self.sealed_at < CLOSE_FENCE_S:
+            return False
+        return self.close_phase in ("", "cut")
+
+    def fence(self) -> FlushReport:
+        """The close's report, for a caller that stopped waiting for the tracker loop (held
+        by a backend that blocks it, or starved of the GIL) past the close's slack. From the
+        caller's thread. Under the ledger, which every move of records takes: from here on
+        nothing of the run moves records, so the report made here is the outcome. What the
+        loop was doing is given up: writes to disk at their commit point (the records of one
+        that took effect count as spooled), a cut between two batches. The one write to a
+        backend under way, if any, may still end: its records are counted ``in_doubt``.
+        Our spool locks are released (a run reopened in this process takes the files over).
+        If the loop made its report first, that one is returned."""
+        with self._counting:
+            if self._final is None:
+                self.fenced = True
+                for lane in self.lanes:
+                    lane.log.fence()
+                report = self.report(timed_out=True)
+                if self.ends_run and not self._end_sealed:
+                    # The loop never got to seal the end record: it is in no lane, and goes
+                    # with the process, as one left in memory does.
+                    report = dataclasses.replace(
+                        report, end_pending=report.end_pending + len(self.lanes)
+                    )
+                self._final = report
+            report = self._final
+        if self.fenced:
+            for lane in self.lanes:
+                lane.log.release_now()
         return report
 
     async def _close_quietly(self, lane: Lane, reason: CloseReason) -> None:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import logging
 import queue
 import threading
 from abc import ABC, abstractmethod
@@ -30,6 +31,8 @@ from async_tracker.runtime.signals import start_thread
 
 T = TypeVar("T")
 
+logger = logging.getLogger(__name__)
+
 THREAD_NAME = "async-tracker-spool"
 
 
@@ -38,6 +41,20 @@ class SpoolIO(ABC):
 
     @abstractmethod
     async def run(self, fn: Callable[..., T], *args: Any) -> T: ...
+
+    def post(self, fn: Callable[..., Any], *args: Any) -> concurrent.futures.Future[None]:
+        """Runs ``fn(*args)`` in its turn, whoever waits for it or stops waiting (see
+        :func:`wait_released`); an error is logged. Here (no worker): at once, on the calling
+        thread."""
+        future: concurrent.futures.Future[None] = concurrent.futures.Future()
+        try:
+            fn(*args)
+        except Exception as exc:
+            future.set_exception(exc)
+        else:
+            future.set_result(None)
+        _log_failure(future)
+        return future
 
     def start(self) -> None:  # noqa: B027 - optional
         """Makes sure the worker exists (no-op where there is none)."""
@@ -88,10 +105,32 @@ class ThreadIO(SpoolIO):
         self._queue.put((fn, args, future))
         return future
 
+    def post(self, fn: Callable[..., Any], *args: Any) -> concurrent.futures.Future[None]:
+        # After every job submitted before it (one thread, in order); no waiter cancels it.
+        future = self.submit(fn, *args)
+        future.add_done_callback(_log_failure)
+        return future
+
     async def run(self, fn: Callable[..., T], *args: Any) -> T:
         # The tracker loop is asyncio (anyio's asyncio backend): wrap_future wakes it through
         # call_soon_threadsafe, and cancelling the await cancels a job not yet started.
         return await asyncio.wrap_future(self.submit(fn, *args))
+
+
+def _log_failure(future: concurrent.futures.Future[Any]) -> None:
+    exc = future.exception()
+    if exc is not None:
+        logger.warning("async_tracker: spool: %s", exc)
+
+
+async def wait_released(future: concurrent.futures.Future[None]) -> None:
+    """Waits (on the tracker loop: asyncio) for a job :meth:`SpoolIO.post` handed over.
+    Cancelling the wait leaves the job alone: it runs in its turn all the same. Its failure
+    was logged already (a spool folder gone, say): nothing to raise about."""
+    try:
+        await asyncio.shield(asyncio.wrap_future(future))
+    except Exception:
+        pass
 
 
 class InlineIO(SpoolIO):

@@ -25,14 +25,29 @@ disk) and ``disk`` (on disk) until :meth:`~BatchLog.complete` takes it out (its 
 it delivered or dropped) or a damaged segment loses it (``on_lost``). Errors of the spool are
 told to ``on_error`` (the reader's last error) as they happen.
 
-Everything here runs on the tracker loop; other threads only read counters.
+At a close (see :meth:`BatchLog.begin_close`), writes to disk go in slices of at most
+``CLOSE_SLICE_RECORDS`` records, each started only if it fits before the close's end at the
+rate this log's writes have shown, so that no write on the loop's thread runs much past a
+deadline. Each write takes effect at one commit point (:class:`~async_tracker.spool.store.Commit`):
+a write the close gives up (its deadline, or :meth:`BatchLog.fence`) either took effect, and
+its records are counted on disk, or never will, and they are counted where they are. So when
+a close has its report, the disk holds exactly what the report says.
+
+Everything here runs on the tracker loop; other threads only read counters, but for
+:meth:`BatchLog.fence`, which a ``close()`` whose caller stopped waiting for a stuck loop
+calls from its own thread, under the run's ledger lock (the lock every move of records
+between the counters takes).
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import logging
+import math
+import threading
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -41,8 +56,13 @@ import anyio
 from async_tracker.clock import Clock
 from async_tracker.errors import describe
 from async_tracker.records import Batch
-from async_tracker.settings import OverflowPolicy
-from async_tracker.spool.store import Segment, Spool
+from async_tracker.settings import (
+    CLOSE_SLICE_RECORDS,
+    DEFAULT_SPOOL_S_PER_RECORD,
+    OverflowPolicy,
+)
+from async_tracker.spool.io import wait_released
+from async_tracker.spool.store import Abandoned, Adopted, Commit, Segment, Spool
 
 logger = logging.getLogger(__name__)
 
@@ -100,6 +120,7 @@ class BatchLog:
         name: str = "",
         on_error: Callable[[str], None] = _ignore_error,
         on_lost: Callable[[int, str], None] = _ignore_lost,
+        ledger: AbstractContextManager[object] | None = None,
     ) -> None:
         self.spool = spool
         self.clock = clock
@@ -137,6 +158,31 @@ class BatchLog:
         self._spool_broken_until = -1.0
         self._spiller_dead = False
         self._bound = False
+        # The run's ledger lock (its pipeline's; a lock of its own for a log used alone):
+        # every move of records between the counters below and the reader's (delivered,
+        # dropped) happens under it, so that fence(), from another thread, reads them whole.
+        self.ledger: AbstractContextManager[object] = (
+            ledger if ledger is not None else threading.RLock()
+        )
+        # Closing (see begin_close): the end of the close (time.monotonic(), this clock's),
+        # by which every write to disk must be over; writes then go in slices.
+        self.closing_until: float | None = None
+        # The close wants what waits in memory on disk now (the time left is about what
+        # writing it takes): the spiller writes what waits behind the head.
+        self.close_spill = False
+        # The close stopped the spiller: it starts no new write (the one under way ends).
+        self.spill_stopped = False
+        # Set by fence(): the close has its report; nothing here moves records any more.
+        self.fenced = False
+        # Records (and end records) of writes that took effect when fence() gave them up,
+        # and that the loop had not counted on disk yet: on disk for status() from then on.
+        self.fenced_disk = (0, 0)
+        # The writes to disk under way, each with its entries and segment: fence() gives
+        # them up, or counts what took effect.
+        self._open: dict[Commit, tuple[list[Entry], Segment]] = {}
+        # Seconds a write to disk takes per record, as this log's writes have shown (encoding
+        # on the loop and the write on the spool thread, GIL waits included).
+        self.s_per_record = DEFAULT_SPOOL_S_PER_RECORD
 
     def bind(self) -> None:
         """Creates the log's anyio objects on the loop (a log is built on the caller's
@@ -211,15 +257,27 @@ class BatchLog:
         await self._written.wait()
 
     async def complete(self, entry: Entry) -> None:
-        """The head is done: persist the ack if it was on disk, remove segments no longer
-        needed, then take it out of the counters (a flush that sees the reader's count finds
-        the disk tidied). The caller counts it delivered or dropped at once, before any
-        wait."""
+        """The head is done: :meth:`settle` its place on disk, then :meth:`take_out` (the
+        reader counts it delivered or dropped with that, under the ledger)."""
+        await self.settle(entry)
+        with self.ledger:
+            self.take_out(entry)
+
+    async def settle(self, entry: Entry) -> None:
+        """The head is done: persist the ack if it was on disk and remove segments no longer
+        needed (a flush that then sees the reader's count finds the disk tidied). Not once
+        fenced: the close's report counts the entry on disk, and on disk it stays."""
         if entry.last:
             if entry.token is None:
                 self.acked = max(self.acked, entry.seq)
-            if entry.segment is not None:
+            if entry.segment is not None and not self.fenced:
                 await self._line_done(entry.segment, entry.token, entry.seq, len(entry.lines or ()))
+
+    def take_out(self, entry: Entry) -> None:
+        """Takes the settled head out of the log and its counters. Under the ledger, with
+        the reader's own count of it: the two move as one."""
+        if self.fenced:
+            return  # the report is made: the head stays counted where it was
         self.entries.popleft()
         if entry.segment is None:
             self.memory -= entry.records
@@ -274,6 +332,8 @@ class BatchLog:
             # Delivered all the same; without the ack a crash would replay the line (a
             # duplicate for backends that are not idempotent, never a loss).
             self._spool_error("ack", exc)
+        if self.fenced:
+            return  # the files are another pipeline's to take over now
         left = self._left[segment.path] = self._left.get(segment.path, 0) - lines
         if left <= 0:
             await self._segment_done(segment, token)
@@ -311,6 +371,15 @@ class BatchLog:
             self.adopting = False
         now = self.clock.now()
         adopted: list[Entry] = []
+        with self.ledger:
+            self._take_over(found, now, adopted)
+        if adopted:
+            logger.info(
+                "async_tracker: replaying %d spooled segments of run %r into %s",
+                len(adopted), self.run_id, self.name,
+            )
+
+    def _take_over(self, found: list[Adopted], now: float, adopted: list[Entry]) -> None:
         for dead in found:
             self._adopted[dead.token] = _Adoption(dead.ack, {s.path for s in dead.segments})
             for seg in dead.segments:
@@ -326,26 +395,30 @@ class BatchLog:
                 self.disk += records
                 self.ends_disk += ends
                 self.adopted += records
-        if adopted:
-            logger.info(
-                "async_tracker: replaying %d spooled segments of run %r into %s",
-                len(adopted), self.run_id, self.name,
-            )
-            self.entries.extendleft(reversed(adopted))
+        self.entries.extendleft(reversed(adopted))
 
     async def load(self, entry: Entry) -> None:
         """Reads a disk-only head back into memory, in its place."""
         assert entry.segment is not None
         segment = entry.segment
         result = await self.spool.read(segment)
+        if self.fenced:
+            return
         if result is None:
-            self._lost(entry.records, f"spool segment {segment.path.name} unreadable")
-            self.entries.popleft()
-            self.disk -= entry.records
-            self.ends_disk -= entry.ends
+            with self.ledger:
+                self._lost(entry.records, f"spool segment {segment.path.name} unreadable")
+                self.entries.popleft()
+                self.disk -= entry.records
+                self.ends_disk -= entry.ends
             self._left.pop(segment.path, None)
             return
-        lines, _ = result
+        with self.ledger:
+            done = self._read_back(entry, segment, result[0])
+        if done:
+            await self._segment_done(segment, entry.token)
+
+    def _read_back(self, entry: Entry, segment: Segment, lines: list[Batch | None]) -> bool:
+        """The lines read back take ``entry``'s place; True if none is left to deliver."""
         if entry.lines is None:  # adopted: every line its dead pipeline had not acked
             ack = self._adopted[entry.token].ack if entry.token in self._adopted else -1
             picked = [(i, b) for i, b in enumerate(lines) if b is not None and b.seq > ack]
@@ -374,8 +447,7 @@ class BatchLog:
             for i, b in reversed(picked)
             if b is not None
         )
-        if not picked and self._left.get(segment.path, 0) <= 0:
-            await self._segment_done(segment, entry.token)
+        return not picked and self._left.get(segment.path, 0) <= 0
 
     def _lost(self, records: int, why: str) -> None:
         message = f"spool: {why}: {records} records lost"
@@ -388,7 +460,9 @@ class BatchLog:
     def _wants_spill(self) -> bool:
         if (self.memory == 0 and self.ends_memory == 0) or self._spool_broken():
             return False
-        if self.durable or self.paused or self.overloaded:
+        if self.fenced or self.spill_stopped:
+            return False
+        if self.durable or self.paused or self.overloaded or self.close_spill:
             return True
         return self.overflow == "spool" and self.memory > self.memory_limit
 
@@ -398,6 +472,9 @@ class BatchLog:
         memory-only); so do the parts of a split batch (their lines would not match)."""
         run: list[Entry] = []
         records = 0
+        most = self.segment_records
+        if self.closing_until is not None:
+            most = min(most, CLOSE_SLICE_RECORDS)  # closing: no long write on the loop
         for entry in self.entries:
             eligible = (
                 entry.batch is not None
@@ -412,7 +489,7 @@ class BatchLog:
                 continue
             run.append(entry)
             records += entry.records
-            if records >= self.segment_records:
+            if records >= most:
                 break
         return run
 
@@ -435,13 +512,30 @@ class BatchLog:
 
     async def _write(self, run: list[Entry]) -> bool:
         """Writes ``run`` to a new segment; then its entries are on disk, and unless the log
-        writes ahead for durability alone, their memory copies go. False if the disk failed."""
+        keeps a copy in memory (durable, or a close that still delivers), their memory copies
+        go. False if the disk failed, or the write was given up.
+
+        Cancelled (a close's deadline), the write is given up at its commit point: either it
+        took effect, and its entries are counted on disk all the same, or its file never
+        appears, and they stay in memory. Never both, never neither."""
         batches = [e.batch for e in run if e.batch is not None]
+        commit = Commit()
+        segment = self.spool.segment_for(batches)
+        with self.ledger:
+            # Registered before the spool thread can commit it, and not at all once fenced:
+            # fence() either finds it here (and gives it up) or it never starts.
+            if self.fenced:
+                return False
+            self._open[commit] = (run, segment)
         self._writing.update(id(e) for e in run)
         self._idle = anyio.Event()
+        records = sum(e.records for e in run)
+        started = self.clock.now()
         try:
-            segment = await self.spool.write(batches)
+            await self.spool.write(batches, commit, segment)
         except Exception as exc:
+            if isinstance(exc, Abandoned) or self.fenced:
+                return False  # given up by fence(): nothing of it is on disk
             # A full or broken disk: the records stay in memory (pending) and are delivered
             # from there; writes to disk are tried again after a cooldown.
             message = f"spool: {describe(exc)}"
@@ -452,25 +546,50 @@ class BatchLog:
             self._written.set()
             self._written = anyio.Event()
             return False
+        except BaseException:
+            # Cancelled: a close stops waiting. Whatever the spool thread does next, the
+            # commit point says where the records are.
+            if not commit.abandon():
+                self._on_disk(commit, run, segment)
+            raise
+        else:
+            # Counted before the write leaves _open (finally): fence() finds it either here,
+            # or counted already.
+            self._on_disk(commit, run, segment)
         finally:
+            self._open.pop(commit, None)
             self._writing.difference_update(id(e) for e in run)
             self._idle.set()
-        self.spool_failing = False
-        # All still in the log: the reader waits for an entry being written, and the one in
-        # flight is never part of a run.
-        for i, entry in enumerate(run):
-            entry.segment = segment
-            entry.lines = [i]
-            self.memory -= entry.records
-            self.disk += entry.records
-            self.ends_memory -= entry.ends
-            self.ends_disk += entry.ends
-        self._left[segment.path] = len(run)
-        if not self.durable or self.paused or self.overloaded or self.memory > self.memory_limit:
+        if records:
+            # The rate of this log's writes, smoothed: what a close expects the next to take.
+            took = max(0.0, self.clock.now() - started) / records
+            self.s_per_record = 0.7 * self.s_per_record + 0.3 * took
+        if self.fenced:
+            return False
+        keep = self.durable or self.close_spill
+        if not keep or self.paused or self.overloaded or self.memory > self.memory_limit:
             self._evict(segment)
         self._written.set()
         self._written = anyio.Event()
         return True
+
+    def _on_disk(self, commit: Commit, run: list[Entry], segment: Segment) -> None:
+        """A write took effect: its entries are on disk. Counted once, by the loop or by
+        fence(), whichever comes first (under the ledger)."""
+        with self.ledger:
+            if not commit.apply():
+                return
+            self.spool_failing = False
+            # All still in the log: the reader waits for an entry being written, and the one
+            # in flight is never part of a run.
+            for i, entry in enumerate(run):
+                entry.segment = segment
+                entry.lines = [i]
+                self.memory -= entry.records
+                self.disk += entry.records
+                self.ends_memory -= entry.ends
+                self.ends_disk += entry.ends
+            self._left[segment.path] = len(run)
 
     def _evict(self, segment: Segment) -> None:
         """Drops the memory copies of ``segment``'s entries (but the one in flight): they are
@@ -491,49 +610,113 @@ class BatchLog:
         self.entries = out
 
     # -- close ----------------------------------------------------------------------------------
+    def begin_close(self, until: float) -> None:
+        """A close is under way, to end by ``until``: writes to disk go in slices from now
+        on (see :data:`~async_tracker.settings.CLOSE_SLICE_RECORDS`). Called again when a
+        SIGTERM moves the close's end."""
+        self.closing_until = until
+
+    def spool_need_s(self) -> float:
+        """Seconds writing what waits in memory only would take, at this log's rate."""
+        return self.memory * self.s_per_record
+
+    def spill_now(self) -> None:
+        """The close wants what waits in memory on disk from now on (while the head is
+        still being delivered): the time left is about what writing it takes."""
+        self.bind()
+        if not self.close_spill:
+            self.close_spill = True
+            self.spill_soon()
+
+    def stop_spilling(self) -> None:
+        """The spiller starts no new write (the one under way ends; see :meth:`wait_idle`)."""
+        self.spill_stopped = True
+
     async def wait_idle(self) -> None:
-        """Until the spiller is not writing: a segment it is writing must finish (cancelled,
-        the file could still appear, and its records be written twice)."""
+        """Until the spiller is not writing."""
         self.bind()
         while not self._idle.is_set():  # the spiller may have begun another write since
             await self._idle.wait()
 
-    async def spill_leftovers(self) -> None:
-        """Once neither the reader nor the spiller runs: writes what is still in memory only
-        to disk, each run of consecutive entries to its own segment, so that a replay keeps
-        the order."""
-        runs: list[list[Entry]] = []
+    def leftovers(self, until: float = math.inf) -> Iterator[list[Entry]]:
+        """What is still in memory only, in slices of consecutive entries of at most
+        ``CLOSE_SLICE_RECORDS`` records, each slice one segment (a replay keeps the order).
+        If writing them all should not end by ``until``, the end record's entry comes first,
+        alone: one short line, it is written even when the time runs out for the records
+        before it (a replay still sends it last: segments replay in the order of their first
+        record)."""
+        waiting = [e for e in self.entries if e.batch is not None and e.segment is None]
+        end = waiting[-1] if waiting and waiting[-1].ends and not waiting[-1].records else None
+        if end is not None and self.fits(waiting, until):
+            end = None  # all of it should fit: in order, the end record in the last slice
+        if end is not None:
+            yield [end]
         current: list[Entry] = []
+        records = 0
         for entry in self.entries:
-            if entry.batch is not None and entry.segment is None:
-                current.append(entry)
-            elif current:
-                runs.append(current)
-                current = []
+            if entry.batch is None or entry.segment is not None or entry is end:
+                if current:
+                    yield current  # a run of memory entries ends: its own segments
+                current, records = [], 0
+                continue
+            if current and records + entry.records > CLOSE_SLICE_RECORDS:
+                yield current
+                current, records = [], 0
+            current.append(entry)
+            records += entry.records
         if current:
-            runs.append(current)
-        for run in runs:
-            batches = [e.batch for e in run if e.batch is not None]
-            try:
-                segment = await self.spool.write(batches)
-            except Exception as exc:
-                message = f"spool: {describe(exc)}"
-                self.on_error(message)
-                self.spool_failing = True
-                logger.error("async_tracker: cannot spool %s: %s", self.name, message)
+            yield current
+
+    def fits(self, run: list[Entry], until: float) -> bool:
+        """Whether writing ``run`` should end by ``until`` at this log's rate."""
+        records = sum(e.records for e in run)
+        return self.clock.now() + records * self.s_per_record <= until
+
+    async def write_leftover(self, run: list[Entry]) -> bool:
+        """Writes one slice of :meth:`leftovers` (the reader and the spiller have stopped).
+        False if the disk failed: the rest stays in memory."""
+        if self.fenced or self._spool_broken():
+            return False
+        return await self._write(run)
+
+    async def spill_leftovers(self, until: float = math.inf) -> None:
+        """Once neither the reader nor the spiller runs: writes what is still in memory only
+        to disk, a slice at a time (see :meth:`leftovers`), each only if it fits before
+        ``until``; what does not stays in memory."""
+        for run in list(self.leftovers(until)):
+            if not self.fits(run, until) or not await self.write_leftover(run):
                 return
-            for i, entry in enumerate(run):
-                entry.segment = segment
-                entry.lines = [i]
-                self.memory -= entry.records
-                self.disk += entry.records
-                self.ends_memory -= entry.ends
-                self.ends_disk += entry.ends
+
+    def fence(self) -> None:
+        """The close has its report (made by a caller that stopped waiting for a stuck
+        loop): from now on nothing here moves records. Each write to disk under way is given
+        up at its commit point; one that took effect already is counted on disk now (in
+        :attr:`fenced_disk`: the loop, if it ever runs again, moves nothing). From the
+        caller's thread, under the ledger."""
+        self.fenced = True
+        records = ends = 0
+        for commit, (run, _) in list(self._open.items()):
+            if not commit.abandon() and commit.apply():
+                records += sum(e.records for e in run)
+                ends += sum(e.ends for e in run)
+        self.fenced_disk = (records, ends)
+
+    def memory_count(self) -> tuple[int, int]:
+        """Records and end records in memory only, as a report counts them."""
+        return self.memory - self.fenced_disk[0], self.ends_memory - self.fenced_disk[1]
+
+    def disk_count(self) -> tuple[int, int]:
+        """Records and end records on disk, as a report counts them."""
+        return self.disk + self.fenced_disk[0], self.ends_disk + self.fenced_disk[1]
 
     async def release(self) -> None:
         """Gives up this pipeline's hold on the spool: our lock (and our ack, if nothing of
         ours is left on disk), and the dead pipelines' we adopted, whose files stay for the
-        next start."""
-        await self.spool.forget(self.spool.token)
-        for token in list(self._adopted):
-            await self.spool.forget(token)
+        next start: a run reopened in this process, or the next process. A job of the spool
+        thread that runs even if this wait is cancelled."""
+        await wait_released(self.release_now())
+
+    def release_now(self) -> concurrent.futures.Future[None]:
+        """:meth:`release` handed to the spool thread without waiting, from any thread
+        (fence() calls it from the caller's); the future says when it ran."""
+        return self.spool.release([self.spool.token, *list(self._adopted)])

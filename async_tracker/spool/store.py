@@ -20,10 +20,12 @@ Every file operation runs through :mod:`async_tracker.spool.io`.
 
 from __future__ import annotations
 
+import concurrent.futures
 import logging
 import os
 import re
 import shutil
+import threading
 import time
 from base64 import b32decode, b32encode
 from collections.abc import Sequence
@@ -120,6 +122,55 @@ def parse_segment(path: Path) -> Segment | None:
     )
 
 
+class Abandoned(Exception):
+    """A segment write given up before its commit point: its file never appears."""
+
+
+class Commit:
+    """The one moment a segment write takes effect, decided between two threads.
+
+    The spool thread writes a segment to a temporary name, then renames it: the rename makes
+    the records appear on disk. Whoever waits for the write (the tracker loop; a ``close()``
+    whose caller stopped waiting for a stuck loop) may give it up until then. Both sides ask
+    here, under a lock held for the decision alone, never across the rename (a disk that
+    hangs must not hang the side giving up): :meth:`commit` just before the rename,
+    :meth:`abandon` to give up. Exactly one of them wins, so whoever counts the records knows
+    where they are: on disk (committed) or still in memory only (abandoned, and the spool
+    thread removes its temporary file instead). Once committed, :meth:`apply` is won exactly
+    once, by the side that moves the records to the disk's count.
+    """
+
+    OPEN, COMMITTED, ABANDONED = "open", "committed", "abandoned"
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.state = self.OPEN
+        self._applied = False
+
+    def commit(self) -> bool:
+        """The spool thread, before the rename: True if the write may take effect."""
+        with self._lock:
+            if self.state == self.OPEN:
+                self.state = self.COMMITTED
+            return self.state == self.COMMITTED
+
+    def abandon(self) -> bool:
+        """Gives the write up: True if it will never take effect, False if it did (or is
+        taking effect: the rename after a commit is not undone)."""
+        with self._lock:
+            if self.state == self.OPEN:
+                self.state = self.ABANDONED
+            return self.state == self.ABANDONED
+
+    def apply(self) -> bool:
+        """True once, for the first side that accounts for a committed write."""
+        with self._lock:
+            if self.state != self.COMMITTED or self._applied:
+                return False
+            self._applied = True
+            return True
+
+
 @dataclass
 class Adopted:
     """What a dead pipeline left: its segments (in order) and its ack. ``acked`` holds, for a
@@ -151,18 +202,30 @@ class Spool:
         return str(self.dir)
 
     # -- writing --------------------------------------------------------------------------------
-    async def write(self, batches: Sequence[Batch]) -> Segment:
-        """A new segment holding ``batches`` (consecutive, in order)."""
-        data = b"".join(encode_batch(b) for b in batches)  # on the loop: batches are its
+    def segment_for(self, batches: Sequence[Batch]) -> Segment:
+        """The segment a write of ``batches`` (consecutive, in order) makes: named before
+        the write, so that whoever gives the write up knows which file it would have been."""
         first, seq = batches[0].first, batches[-1].seq
         records = sum(b.records for b in batches)
         self._writes += 1
         name = f"{self.token}-{first}-{seq}-{records}-{self._writes}{SEGMENT_SUFFIX}"
-        segment = Segment(self.dir / name, self.token, first, seq, records, self._writes)
-        await self.io.run(self._write_file, segment.path, data)
+        return Segment(self.dir / name, self.token, first, seq, records, self._writes)
+
+    async def write(
+        self,
+        batches: Sequence[Batch],
+        commit: Commit | None = None,
+        segment: Segment | None = None,
+    ) -> Segment:
+        """A new segment holding ``batches`` (consecutive, in order). With ``commit``, the
+        write takes effect only if the spool thread commits it before it is abandoned (see
+        :class:`Commit`); an abandoned write raises :class:`Abandoned`."""
+        data = b"".join(encode_batch(b) for b in batches)  # on the loop: batches are its
+        segment = segment or self.segment_for(batches)
+        await self.io.run(self._write_file, segment.path, data, commit)
         return segment
 
-    def _write_file(self, path: Path, data: bytes) -> None:
+    def _write_file(self, path: Path, data: bytes, commit: Commit | None = None) -> None:
         self.dir.mkdir(parents=True, exist_ok=True)
         if not self._locked:  # ours from the first write on (the token is ours alone)
             self._locked = locks.take(self._lock_path)
@@ -172,6 +235,8 @@ class Spool:
         try:
             with open(tmp, "wb") as f:
                 f.write(data)
+            if commit is not None and not commit.commit():
+                raise Abandoned(str(path))  # given up: the file must never appear
             os.replace(tmp, path)
         except BaseException:
             # A full disk (ENOSPC) fails the write or the close half-way: the partial file
@@ -200,6 +265,18 @@ class Spool:
         """Removes what is left of ``token`` once all its segments are gone: its ack and its
         lock file (ours at a clean close, or a dead pipeline's after its replay)."""
         await self.io.run(self._forget, token)
+
+    def release(self, tokens: Sequence[str]) -> concurrent.futures.Future[None]:
+        """:meth:`forget` for each of ``tokens``, handed to the spool thread as one job that
+        no waiter cancels: at a close's end, whose deadline may pass before it runs. Nothing
+        is lost by not waiting for it: the spool thread runs its jobs in order, so every later
+        adoption of this process (a run reopened with the same id) finds the locks released
+        and takes the files over. The future says when it ran."""
+        return self.io.post(self._forget_all, list(tokens))
+
+    def _forget_all(self, tokens: list[str]) -> None:
+        for token in tokens:
+            self._forget(token)
 
     def _forget(self, token: str) -> None:
         if not any(self.dir.glob(f"{token}-*{SEGMENT_SUFFIX}")):

@@ -32,7 +32,7 @@ from async_tracker.ingress import ARTIFACT, METADATA, SOURCE, Ingress
 from async_tracker.pipeline.run_pipeline import RunPipeline
 from async_tracker.records import Batch, Lineage, TrackerArtifact, TrackerMetric, TrackerSource
 from async_tracker.retry import RetryPolicy
-from async_tracker.settings import SPOOL_GRACE_S, RunOptions
+from async_tracker.settings import BACKEND_CLOSE_GRACE_S, RunOptions
 from async_tracker.spool.io import InlineIO
 from async_tracker.spool.owner import locks
 from async_tracker.spool.store import new_token, run_dir_name
@@ -505,7 +505,7 @@ class World:
         report = await inc.pipeline.close(timeout)
         self.note_end(run, inc)
         took = self.clock.now() - start
-        assert took <= timeout + 2 * SPOOL_GRACE_S + 1e-6, f"close({timeout}) took {took}"
+        assert took <= timeout + BACKEND_CLOSE_GRACE_S + 1e-6, f"close({timeout}) took {took}"
         inc.scope.cancel()
         for lane in inc.pipeline.lanes:
             memory = sum(e.records for e in lane.log.entries if e.segment is None)
@@ -539,7 +539,7 @@ class World:
             pipeline.shorten(signalled + grace)
         if ended[0] > signalled:
             took = ended[0] - signalled
-            assert took <= grace + 2 * SPOOL_GRACE_S + 1e-6, f"{took} s after the SIGTERM"
+            assert took <= grace + BACKEND_CLOSE_GRACE_S + 1e-6, f"{took} s after the SIGTERM"
 
     def note_end(self, run: str, inc: Incarnation) -> None:
         """A life closed: its end record must reach every backend that has it delivered or
