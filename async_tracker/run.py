@@ -803,6 +803,13 @@ class AppRun:
                 # The loop is held (an async backend blocking it, or starved of the GIL):
                 # answer anyway, with a report that is the outcome (see RunPipeline.fence).
                 report = pipeline.fence()
+            except KeyboardInterrupt:
+                # Ctrl-C while this close waits: its user wants out now. The close's deadline
+                # becomes now (what is undelivered goes to the spool within SPOOL_GRACE_S),
+                # and the interrupt goes on: whoever waits for this close next (the exit
+                # hook, a later close()) waits for that spooling only, not the timeout left.
+                loop.call_soon(pipeline.shorten, time.monotonic())
+                raise
             return self._closed_with(report)
 
         return wait

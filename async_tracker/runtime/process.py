@@ -404,8 +404,26 @@ def _on_sigterm(signum: int, frame: FrameType | None) -> None:
 
 def _close_all_at_exit() -> None:
     current = runtime()
-    current.close_all()
-    current.wait_background()
+    try:
+        current.close_all()
+    except KeyboardInterrupt:
+        # Ctrl-C while the exit waits for delivery. The closes under way were cut short (see
+        # AppRun.begin_close): wait the moment their spooling takes, so that each says
+        # where its records are, rather than a traceback and nothing said. The exit status
+        # stays the program's (Python ignores an atexit hook's exception).
+        logger.warning("async_tracker: interrupted at exit: spooling what is not delivered")
+        try:
+            current.close_all(0.0)
+        except KeyboardInterrupt:
+            logger.warning(
+                "async_tracker: interrupted again: records not spooled yet are lost with the "
+                "process"
+            )
+            return
+    try:
+        current.wait_background()
+    except KeyboardInterrupt:
+        return  # work no caller waits for (a reader's compaction): left to a later process
 
 
 # -- the one fork registration ---------------------------------------------------------------

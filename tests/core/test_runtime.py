@@ -97,6 +97,58 @@ def test_ctrl_c_at_any_moment_keeps_every_completed_call(
         assert len(steps) in (completed, completed + 1), (trial, len(steps), completed)
 
 
+# A close that waits on a store that never answers (close_timeout=600): Ctrl-C once the close
+# has begun, either in the caller's close() ("close") or in the exit hook's ("exit").
+CTRL_C_DURING_CLOSE = """
+import os, signal, sys, threading
+signal.signal(signal.SIGINT, signal.default_int_handler)  # as in a terminal
+from async_tracker import AppRun
+from tests.faulty import FaultyTracker, Hang
+
+spool, where = sys.argv[1], sys.argv[2]
+hung = FaultyTracker(name="files").always("write_batch", Hang())
+run = AppRun("job", [hung], spool_dir=spool, batch_size=100, close_timeout=600)
+for i in range(1000):
+    run.log_metric("m", float(i), step=i)
+
+def interrupt_once_closing():
+    # The close has begun (its future exists) when the main thread waits for it, or is
+    # about to: Ctrl-C then lands in the wait, or just before it, both inside the close.
+    while run._close_future is None:
+        threading.Event().wait(0.001)
+    os.kill(os.getpid(), signal.SIGINT)
+
+threading.Thread(target=interrupt_once_closing, daemon=True).start()
+print("closing", flush=True)
+if where == "close":
+    run.close()
+"""
+
+
+@pytest.mark.parametrize("where", ["close", "exit"])
+def test_ctrl_c_during_a_close_spools_at_once_and_says_where(
+    tmp_path: Path, child: Callable[..., Child], where: str
+) -> None:
+    # Ctrl-C while a close waits for a store that never answers: the close ends now, not at
+    # its timeout (600 s, which the child's wait below would not outlast), what is not
+    # delivered is spooled and the exit says where; the next start delivers all of it once.
+    spool = tmp_path / "spool"
+    proc = child(CTRL_C_DURING_CLOSE, str(spool), where)
+    assert proc.readline() == "closing"
+    code = proc.wait(120)
+    err = proc.stderr()
+    # In close(): the interrupt goes on to the caller (exit by SIGINT, as Python's own);
+    # at exit: Python keeps the program's status, and no traceback is printed.
+    assert code == (-signal.SIGINT if where == "close" else 0), err
+    if where == "exit":
+        assert "Traceback" not in err and "Exception ignored" not in err, err
+        assert "interrupted at exit" in err, err
+    assert "1000 spooled" in err and f"async-tracker sync {spool}" in err, err
+    path = tmp_path / "out.jsonl"
+    replay(path, spool, "job")
+    assert points_of(path) == list(range(1000))
+
+
 SIGTERM_DURING_CLOSE = """
 import sys
 from async_tracker import AppRun
