@@ -35,7 +35,9 @@ uri, experiment, spool, mode = sys.argv[1:5]
 retry = RetryPolicy(max_attempts=2, initial_backoff_s=0.01, max_backoff_s=0.05, jitter_s=0,
                     cooldown_s=0.2)
 backend = AsyncMLflowTracker(experiment, uri)
-with AppRun("job", [backend], spool_dir=spool, close_timeout=1.0, retry=retry,
+# close_timeout: time enough, on a loaded machine, for the first failed round (which spools
+# what waits) even when importing MLflow's client takes seconds of this process's CPU share.
+with AppRun("job", [backend], spool_dir=spool, close_timeout=5.0, retry=retry,
             heartbeat_s=0) as run:
     run.add_metadata(lr=0.1)
     for step in range(3):
