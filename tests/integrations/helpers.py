@@ -9,6 +9,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+import pytest
 from fsspec.implementations.local import LocalFileSystem
 
 from async_tracker import TrackerArtifact, TrackerMetric
@@ -73,3 +74,15 @@ class Store:
         )  # fmt: skip
         assert proc.returncode == 0, proc.stderr
         return proc.stdout
+
+
+def as_torchx_job(
+    job_id: str, store: Store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The environment torchx's runner sets for job ``job_id`` whose tracker is the fsspec
+    store ``store``."""
+    config = tmp_path / "fsspec.cfg"
+    config.write_text(f"protocol=file\nroot_path={store.root}\n")
+    monkeypatch.setenv("TORCHX_JOB_ID", job_id)
+    monkeypatch.setenv("TORCHX_TRACKERS", "fsspec")
+    monkeypatch.setenv("TORCHX_TRACKER_FSSPEC_CONFIG", str(config))

@@ -21,7 +21,7 @@ from async_tracker import AppRun  # noqa: E402
 from async_tracker import Store as TrackStore  # noqa: E402
 from async_tracker.backend.memory import InMemoryTracker  # noqa: E402
 from async_tracker.integrations.lightning import AsyncTrackerLogger  # noqa: E402
-from tests.integrations.helpers import Recorder, Store  # noqa: E402
+from tests.integrations.helpers import Recorder, Store, as_torchx_job  # noqa: E402
 
 pytestmark = [
     pytest.mark.server,  # needs the lightning extra (CI runs it on 3.11 only)
@@ -209,11 +209,7 @@ def test_a_given_run_is_flushed_and_left_open(tmp_path: Path) -> None:
 def test_in_a_torchx_job_it_logs_to_the_job_run(
     tmp_path: Path, store: Store, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    config = tmp_path / "fsspec.cfg"
-    config.write_text(f"protocol=file\nroot_path={store.root}\n")
-    monkeypatch.setenv("TORCHX_JOB_ID", "local://session/train-1")
-    monkeypatch.setenv("TORCHX_TRACKERS", "fsspec")
-    monkeypatch.setenv("TORCHX_TRACKER_FSSPEC_CONFIG", str(config))
+    as_torchx_job("local://session/train-1", store, tmp_path, monkeypatch)
     logger = AsyncTrackerLogger()
     trainer(tmp_path, logger).fit(Tiny(), loader())
     assert logger.run_id == "local://session/train-1"
@@ -229,11 +225,7 @@ def test_in_a_torchx_job_each_named_logger_opens_a_child_run_of_the_job(
     # A sweep inside one job: a logger per trial, each naming its trial. Each trial is a run
     # of its own (its points and lr kept apart), a child of the job's run, closed by
     # finalize() as finished; the job's run holds no trial's points.
-    config = tmp_path / "fsspec.cfg"
-    config.write_text(f"protocol=file\nroot_path={store.root}\n")
-    monkeypatch.setenv("TORCHX_JOB_ID", "local://session/sweep-1")
-    monkeypatch.setenv("TORCHX_TRACKERS", "fsspec")
-    monkeypatch.setenv("TORCHX_TRACKER_FSSPEC_CONFIG", str(config))
+    as_torchx_job("local://session/sweep-1", store, tmp_path, monkeypatch)
     loggers = []
     for lr in (0.1, 0.5):
         logger = AsyncTrackerLogger(project="sweep", name=f"lr-{lr}", dir=store.root)

@@ -31,7 +31,7 @@ from async_tracker.init_run import open_store  # noqa: E402
 from async_tracker.integrations.transformers import AsyncTrackerCallback  # noqa: E402
 from async_tracker.runtime.process import runtime  # noqa: E402
 from tests.core.helpers import Child  # noqa: E402
-from tests.integrations.helpers import Recorder, Store  # noqa: E402
+from tests.integrations.helpers import Recorder, Store, as_torchx_job  # noqa: E402
 
 pytestmark = pytest.mark.server  # needs the transformers extra (CI runs it on 3.11 only)
 
@@ -212,11 +212,7 @@ def test_only_the_main_process_logs_unless_all_ranks(tmp_path: Path) -> None:
 def test_without_arguments_in_a_torchx_job_it_logs_to_the_job_run(
     tmp_path: Path, store: Store, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    config = tmp_path / "fsspec.cfg"
-    config.write_text(f"protocol=file\nroot_path={store.root}\n")
-    monkeypatch.setenv("TORCHX_JOB_ID", "local://session/hf-1")
-    monkeypatch.setenv("TORCHX_TRACKERS", "fsspec")
-    monkeypatch.setenv("TORCHX_TRACKER_FSSPEC_CONFIG", str(config))
+    as_torchx_job("local://session/hf-1", store, tmp_path, monkeypatch)
     callback = AsyncTrackerCallback()
     make_trainer(tmp_path, callback).train()
     assert callback.run is AppRun.run_from_env()
@@ -230,11 +226,7 @@ def test_in_a_torchx_job_each_named_trial_is_a_child_run_of_the_job(
     # The usual sweep, inside one job: a Trainer and a callback per trial, each naming its
     # trial. Each is a run of its own, a child of the job's run, closed finished at its
     # training's end; the job's run holds none of their points.
-    config = tmp_path / "fsspec.cfg"
-    config.write_text(f"protocol=file\nroot_path={store.root}\n")
-    monkeypatch.setenv("TORCHX_JOB_ID", "local://session/hf-sweep")
-    monkeypatch.setenv("TORCHX_TRACKERS", "fsspec")
-    monkeypatch.setenv("TORCHX_TRACKER_FSSPEC_CONFIG", str(config))
+    as_torchx_job("local://session/hf-sweep", store, tmp_path, monkeypatch)
     runs = []
     for trial in ("a", "b"):
         callback = AsyncTrackerCallback(project="hf", name=f"trial-{trial}", dir=store.root)
