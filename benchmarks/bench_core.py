@@ -23,6 +23,7 @@ Benchmarks (see benchmarks/README.md):
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import platform
@@ -35,7 +36,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager, nullcontext
+from contextlib import contextmanager, nullcontext, suppress
 from typing import Any
 
 from async_tracker import AppRun, AsyncTrackerBase, TrackerBase
@@ -466,6 +467,155 @@ def bench_loop(
 
 
 # ---------------------------------------------------------------------------------------------
+# 2b. worker: the tracker's own CPU per record, by stage
+
+# The stages of the worker's path that a record takes, as (stage, module, attribute): the
+# functions are wrapped in this process only (benchmark-only: the shipped code has no timers),
+# and a missing one is skipped, so that an older version of the package runs here too.
+# Wrapped functions run once per batch (or per file), so the timers cost nothing per record.
+WORKER_STAGES: list[tuple[str, str, str]] = [
+    ("drain", "async_tracker.ingress", "Ingress.drain"),
+    ("drain", "async_tracker.ingress", "Packed.take"),
+    ("drain", "async_tracker.ingress", "Packed.take_columns"),
+    ("cut", "async_tracker.pipeline.cutter", "Cutter.cut"),
+    ("cut", "async_tracker.pipeline.cutter", "Cutter.cut_columns"),
+    ("group", "async_tracker.backend.fsspec.writer", "_columns_by_name"),
+    ("group", "async_tracker.backend.fsspec.parquet", "row_columns"),
+    ("encode", "async_tracker.backend.fsspec.parquet", "encode_segment"),
+    ("encode", "async_tracker.backend.fsspec.metricfiles", "segment_digest"),
+    ("summary", "async_tracker.backend.fsspec.writer", "summarize_columns"),
+    ("summary", "async_tracker.backend.fsspec.writer", "summarize_batch"),
+    ("summary", "async_tracker.store.summary", "WriterSummary.with_batch"),
+    ("summary", "async_tracker.backend.fsspec.writer", "_encode_json"),
+    ("write", "async_tracker.backend.fsspec.storage", "_Storage._put_many_sync"),
+    # At the run's end: its segments compacted into one file, and that file's overview.
+    ("compact", "async_tracker.backend.fsspec.parquet", "compact"),
+    ("overview", "async_tracker.backend.fsspec.parquet", "overview"),
+]
+
+
+def _timed(stage: str, fn: Callable[..., Any], acc: dict[str, int]) -> Callable[..., Any]:
+    """``fn`` adding its thread's CPU time to ``acc[stage]`` (on whichever thread runs it).
+    A call nested in another stage's is counted in its own stage only."""
+    active = threading.local()
+
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        if getattr(active, "on", False):
+            return fn(*args, **kwargs)
+        active.on = True
+        t0 = time.thread_time_ns()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            acc[stage] += time.thread_time_ns() - t0
+            active.on = False
+
+    return wrapper
+
+
+def install_stage_timers(acc: dict[str, int]) -> list[str]:
+    """Wraps :data:`WORKER_STAGES` (benchmark only); returns those found."""
+    import importlib
+
+    found = []
+    for stage, module_name, attr in WORKER_STAGES:
+        try:
+            owner: Any = importlib.import_module(module_name)
+        except ImportError:
+            continue
+        *path, name = attr.split(".")
+        for part in path:
+            owner = getattr(owner, part, None)
+        fn = getattr(owner, name, None) if owner is not None else None
+        if fn is None or not callable(fn):
+            continue
+        acc.setdefault(stage, 0)
+        setattr(owner, name, _timed(stage, fn, acc))
+        found.append(f"{module_name}:{attr}")
+    return found
+
+
+IDLE_S = 2.0
+
+
+def bench_worker(
+    factory: BackendFactory, steps: int, step_us: float, stages: bool
+) -> dict[str, Any]:
+    """The worker's CPU per record: a loop of ``steps`` steps of ~``step_us`` of pure-Python
+    work logging 4 metrics per step (``log_metric``) into one run, then ``close()``. The
+    worker's share is the process's CPU time less the logging thread's: the tracker loop,
+    its worker threads and the spool thread, all of whose Python holds the GIL that the
+    training loop then waits for. With ``stages``, each stage's thread CPU (see
+    :data:`WORKER_STAGES`); "other" is the rest (the event loop, lanes, scheduling)."""
+    acc: dict[str, int] = {}
+    wrapped: list[str] = []
+    if stages:
+        # The codec's modules load at the first write, in a worker thread; loaded here first,
+        # so that their functions are wrapped before the first batch.
+        with suppress(ImportError):
+            import async_tracker.backend.fsspec.parquet  # noqa: F401
+        wrapped = install_stage_timers(acc)
+    n = calibrate(step_us)
+    run = AppRun("bench-worker", [factory.new()])
+    run.add_metadata(variant="worker")
+    run.flush()
+    gc_ns = [0]
+    gc_start = threading.local()
+
+    def gc_timer(phase: str, info: dict[str, int]) -> None:
+        # The collections that other threads run: triggered by whichever thread allocates
+        # past the threshold, and paid by it, whoever made the garbage.
+        if threading.current_thread() is threading.main_thread():
+            return
+        if phase == "start":
+            gc_start.t = time.thread_time_ns()
+        elif hasattr(gc_start, "t"):
+            gc_ns[0] += time.thread_time_ns() - gc_start.t
+
+    # What the tracker's threads spend with an open run and nothing logged (its wake-ups):
+    # a cost per second, not per record, which the loop's figure includes.
+    i0, w0 = cpu_ns(), perf_ns()
+    time.sleep(IDLE_S)
+    idle_ms_per_s = (cpu_ns() - i0) / 1e6 / ((perf_ns() - w0) / 1e9)
+    for key in acc:
+        acc[key] = 0
+    gc.callbacks.append(gc_timer)
+    c0, m0, t0 = cpu_ns(), time.thread_time_ns(), perf_ns()
+    for step in range(steps):
+        loss = work(n)
+        run.log_metric("loss", loss, step)
+        run.log_metric("acc", loss * 0.5, step)
+        run.log_metric("lr", 1e-3 / (step + 1), step)
+        run.log_metric("grad_norm", loss * 2.0, step)
+    ce, me, te = cpu_ns(), time.thread_time_ns(), perf_ns()
+    report = run.close()
+    c1, m1 = cpu_ns(), time.thread_time_ns()
+    gc.callbacks.remove(gc_timer)
+    records = steps * METRICS_PER_STEP
+    worker = (c1 - c0) - (m1 - m0)
+    per_stage = {k: v / 1e3 / records for k, v in acc.items()}
+    if stages:
+        per_stage["other"] = worker / 1e3 / records - sum(per_stage.values())
+    return {
+        "backend": factory.kind,
+        "steps": steps,
+        "records": records,
+        "step_us_measured": (te - t0) / 1e3 / steps,
+        "worker_us_per_record": worker / 1e3 / records,
+        # While the loop ran (before close()): what the training loop shared the GIL with.
+        "worker_us_per_record_in_loop": ((ce - c0) - (me - m0)) / 1e3 / records,
+        "close_us_per_record": ((c1 - ce) - (m1 - me)) / 1e3 / records,
+        "gc_us_per_record": gc_ns[0] / 1e3 / records,
+        "idle_ms_per_s": idle_ms_per_s,
+        "records_per_s": records / ((te - t0) / 1e9),
+        "main_thread_us_per_step": (me - m0) / 1e3 / steps,
+        "stages_us_per_record": per_stage,
+        "wrapped": wrapped,
+        "delivered_all": report.ok and report.delivered == records + 1,
+    }
+
+
+# ---------------------------------------------------------------------------------------------
 # 3. blocking: a third-party TrackerBase that takes 50 ms per call
 
 
@@ -696,6 +846,135 @@ def print_report(res: dict[str, Any]) -> None:
         print()
 
 
+def _child_args(args: argparse.Namespace, part: str, out: str) -> list[str]:
+    """This script's arguments for one part, measured in a subprocess."""
+    return [
+        "--only", part, "--backend", args.backend, "--step-us", str(args.step_us),
+        "--loop-steps", str(args.loop_steps), "--round-steps", str(args.round_steps),
+        "--worker-steps", str(args.worker_steps), "--json", out,
+    ]  # fmt: skip
+
+
+def _spread(xs: list[float]) -> str:
+    return f"{median(xs):.3f} [{min(xs):.3f}, {max(xs):.3f}]"
+
+
+def compare_with_baseline(
+    args: argparse.Namespace, parts: list[str], argv: list[str] | None
+) -> int:
+    """Each part measured in fresh subprocesses, this tree's and the baseline's in turn
+    (who goes first alternates), ``--alt-rounds`` times: the machine's load moves both
+    alike. Prints medians and ranges over the rounds, and the ratio of the medians."""
+    import subprocess
+
+    trees = {"this": os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+             "base": os.path.abspath(args.baseline)}  # fmt: skip
+    script = os.path.abspath(__file__)
+    results: dict[str, dict[str, list[dict[str, Any]]]] = {
+        part: {"this": [], "base": []} for part in parts
+    }
+    print(
+        f"machine: {machine()}\ncommand: python -m benchmarks.bench_core "
+        f"{' '.join(sys.argv[1:] if argv is None else argv)}"
+    )
+    with tempfile.TemporaryDirectory(prefix="bench-core-alt-") as tmp:
+        for r in range(args.alt_rounds):
+            for part in parts:
+                order = ["this", "base"] if r % 2 == 0 else ["base", "this"]
+                for who in order:
+                    out = os.path.join(tmp, f"{part}-{who}-{r}.json")
+                    env = {**os.environ, "PYTHONPATH": trees[who]}
+                    cmd = [sys.executable, script, *_child_args(args, part, out)]
+                    subprocess.run(cmd, env=env, check=True, stdout=subprocess.DEVNULL)
+                    with open(out) as f:
+                        results[part][who].append(json.load(f)[part])
+                    print(f"  round {r + 1}/{args.alt_rounds}: {part} ({who}) done", flush=True)
+    print(f"load average now: {os.getloadavg()[0] if hasattr(os, 'getloadavg') else None}")
+    print(f"this tree: {trees['this']}\nbaseline:  {trees['base']}\n")
+    figures: dict[str, Any] = {}
+    if "worker" in results:
+        this_w, base_w = results["worker"]["this"], results["worker"]["base"]
+        print(
+            f"[worker] CPU of everything but the logging thread per record, "
+            f"{args.worker_steps} steps x 4 log_metric, backend {args.backend}, "
+            f"median [min, max] of {args.alt_rounds} rounds, us per record"
+        )
+        steps = [w["step_us_measured"] for w in this_w + base_w]
+        print(f"  step measured: {_spread(steps)} us")
+        keys = list(dict.fromkeys([*base_w[0]["stages_us_per_record"],
+                                   *this_w[0]["stages_us_per_record"]]))  # fmt: skip
+        print(f"  {'':<14}{'this':>30}{'baseline':>30}{'ratio':>8}")
+        rows = [
+            ("total", "worker_us_per_record", None),
+            ("during loop", "worker_us_per_record_in_loop", None),
+            ("in close()", "close_us_per_record", None),
+            ("gc (within)", "gc_us_per_record", None),
+            ("idle ms/s", "idle_ms_per_s", None),
+            ("records/s", "records_per_s", None),
+        ] + [(k, None, k) for k in keys]
+        for label, top, stage in rows:
+
+            def pick(w: dict[str, Any], top: str | None = top, stage: str | None = stage) -> float:
+                if top is not None:
+                    return float(w[top])
+                return float(w["stages_us_per_record"].get(stage, 0.0))
+
+            a, b = [pick(w) for w in this_w], [pick(w) for w in base_w]
+            ratio = median(a) / median(b) if median(b) else float("nan")
+            print(f"  {label:<14}{_spread(a):>30}{_spread(b):>30}{ratio:7.2f}x")
+            figures[f"worker.{label}"] = {"this": a, "base": b, "ratio": ratio}
+        print(f"  every record delivered: {all(w['delivered_all'] for w in this_w + base_w)}")
+        print()
+    if "loop" in results:
+        this_l, base_l = results["loop"]["this"], results["loop"]["base"]
+        print(
+            f"[loop] slowdown of a loop of ~{args.step_us:.0f} us steps logging 4 metrics per "
+            f"step (each subprocess: the median of its rounds), median [min, max] over "
+            f"{args.alt_rounds} subprocess rounds, %"
+        )
+        steps = [lo["step_us_measured"] for lo in this_l + base_l]
+        print(f"  step measured: {_spread(steps)} us")
+        for key, what in (
+            ("slowdown_pct", "wall clock"),
+            ("slowdown_pct_cpu", "process CPU time"),
+            ("slowdown_pct_vs_bare_append", "wall clock, against the bare deque appends"),
+        ):
+            print(f"  {what}:")
+            for name in this_l[0]["variants"]:
+                if key not in this_l[0]["variants"][name]:
+                    continue
+                a = [lo["variants"][name][key] for lo in this_l]
+                b = [lo["variants"][name][key] for lo in base_l]
+                print(f"    {name:<34}this {_spread(a):>26}   baseline {_spread(b):>26}")
+                figures[f"loop.{key}.{name}"] = {"this": a, "base": b}
+        print()
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"machine": machine(), "figures": figures, "raw": results}, f, indent=2)
+    return 0
+
+
+def print_worker(w: dict[str, Any]) -> None:
+    print(
+        f"[worker] {w['steps']} steps of ~{w['step_us_measured']:.0f} us x 4 log_metric, "
+        f"backend {w['backend']}, then close(): CPU of every thread but the logging one"
+    )
+    print(
+        f"  per record: {w['worker_us_per_record']:.3f} us (during the loop "
+        f"{w['worker_us_per_record_in_loop']:.3f}, in close() {w['close_us_per_record']:.3f}; "
+        f"garbage collections of the worker's threads, in the stages: "
+        f"{w['gc_us_per_record']:.3f}); by stage (thread CPU):"
+    )
+    for stage, us in w["stages_us_per_record"].items():
+        print(f"    {stage:<10}{us:8.3f} us")
+    print(
+        f"  idle (a run open, nothing logged): {w['idle_ms_per_s']:.2f} ms of CPU per second; "
+        f"the loop logged {w['records_per_s']:.0f} records per second"
+    )
+    print(f"  every record delivered: {w['delivered_all']}")
+    print()
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(
         prog="python -m benchmarks.bench_core",
@@ -704,7 +983,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--quick", action="store_true", help="a smoke run of a few seconds")
     p.add_argument(
         "--only",
-        choices=["blocking", "calls", "loop"],
+        choices=["blocking", "calls", "loop", "worker"],
         action="append",
         help="run only these benchmarks (repeatable)",
     )
@@ -727,12 +1006,27 @@ def main(argv: list[str] | None = None) -> int:
         default=30.0,
         help="close() timeout of the blocking benchmark, seconds",
     )
+    p.add_argument(
+        "--worker-steps", type=int, default=100_000, help="steps of the worker benchmark"
+    )
+    p.add_argument(
+        "--baseline",
+        metavar="PATH",
+        help="also measure the loop and worker benchmarks on the package at PATH (another "
+        "checkout), in subprocesses alternated with this tree's, and print both",
+    )
+    p.add_argument(
+        "--alt-rounds", type=int, default=3, help="alternated subprocess rounds (--baseline)"
+    )
     p.add_argument("--json", metavar="FILE", help="also write the figures to FILE")
     args = p.parse_args(argv)
     if args.quick:
         args.call_rounds, args.calls = 40, 500
         args.loop_steps, args.round_steps = 2000, 500
-    only = set(args.only or ["blocking", "calls", "loop"])
+        args.worker_steps, args.alt_rounds = 5000, 1
+    only = set(args.only or ["blocking", "calls", "loop", "worker"])
+    if args.baseline:
+        return compare_with_baseline(args, sorted(only & {"loop", "worker"}), argv)
 
     res: dict[str, Any] = {
         "machine": machine(),
@@ -754,9 +1048,13 @@ def main(argv: list[str] | None = None) -> int:
             res["calls_concurrent"] = bench_calls(factory, *sizes, drain=False)
         if "loop" in only:
             res["loop"] = bench_loop(factory, args.loop_steps, args.round_steps, args.step_us)
+        if "worker" in only:
+            res["worker"] = bench_worker(factory, args.worker_steps, args.step_us, stages=True)
     finally:
         factory.cleanup()
     print_report(res)
+    if "worker" in res:
+        print_worker(res["worker"])
     if args.json:
         with open(args.json, "w") as f:
             json.dump(res, f, indent=2)

@@ -13,9 +13,12 @@ import dataclasses
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 from async_tracker.tags import ENDING_KEY, ending_cause, split_metadata
+
+if TYPE_CHECKING:
+    import numpy.typing as npt
 
 # The statuses a run can have, as readers show them (see the fsspec store's run_status).
 STATUSES = ("running", "finished", "failed", "killed", "crashed")
@@ -193,17 +196,29 @@ class WriterSummary:
         return dataclasses.replace(self, **changes)
 
 
-_Columns = tuple[Sequence[int], Sequence[float], Sequence[float]]
+# One metric's steps, values and times: Python numbers, or numpy arrays (int64, float64,
+# float64: what the fsspec backend makes of a batch, see parquet.row_columns). numpy is not
+# imported here: the read side loads this module without it.
+_Columns: TypeAlias = (
+    "tuple[Sequence[int] | npt.NDArray[Any], Sequence[float] | npt.NDArray[Any], "
+    "Sequence[float] | npt.NDArray[Any]]"
+)
 
 
 def summarize_columns(columns: Mapping[str, _Columns]) -> tuple[dict[str, MetricSummary], float]:
     """The summary of each metric's points (``{name: (steps, values, times)}``, each name's
     points in call order) and the earliest point's time (``inf`` for none). C loops (min,
-    max, index), no Python loop per point: the flusher shares the GIL with training."""
+    max, index), no Python loop per point: the flusher shares the GIL with training. Numpy
+    columns are summarised by numpy, per batch, to the same figures."""
     out: dict[str, MetricSummary] = {}
     first = math.inf
     for name, (steps, values, times) in columns.items():
-        if not steps:
+        if not len(steps):
+            continue
+        if hasattr(steps, "dtype"):
+            summary, earliest = _summarize_arrays(steps, values, times)  # type: ignore[arg-type]
+            out[name] = summary
+            first = min(first, earliest)
             continue
         top = max(steps)
         # The last point logged at the highest step: most often the last point.
@@ -216,6 +231,31 @@ def summarize_columns(columns: Mapping[str, _Columns]) -> tuple[dict[str, Metric
         out[name] = MetricSummary(float(values[at]), lo, hi, len(steps), int(top))
         first = min(first, min(times))
     return out, first
+
+
+def _summarize_arrays(
+    steps: npt.NDArray[Any], values: npt.NDArray[Any], times: npt.NDArray[Any]
+) -> tuple[MetricSummary, float]:
+    """:func:`summarize_columns` of one metric's numpy columns (not empty): the same figures
+    as the Python path's. NaN is ignored by min and max (None when every value is NaN); the
+    last value is the last point's at the highest step; times hold no NaN on the pipeline's
+    path, and for one that does the Python path's answer is kept."""
+    top = int(steps.max())
+    at = len(steps) - 1
+    if steps[at] != top:
+        at -= int((steps[::-1] == top).argmax())
+    lo: float | None
+    hi: float | None
+    nan = values != values  # NaN is the one value not equal to itself
+    if nan.any():
+        finite = values[~nan]
+        lo, hi = (float(finite.min()), float(finite.max())) if len(finite) else (None, None)
+    else:
+        lo, hi = float(values.min()), float(values.max())
+    earliest = float(times.min())
+    if math.isnan(earliest):
+        earliest = min(times.tolist())
+    return MetricSummary(float(values[at]), lo, hi, len(steps), top), earliest
 
 
 @dataclass(frozen=True)

@@ -188,3 +188,21 @@ def test_overviews_stay_out_of_the_metric_files_data_tools_read(tmp_path: Path) 
     files = glob.glob(str(root / "*" / "metrics" / "*.parquet"))
     assert sum(pq.read_metadata(f).num_rows for f in files) == 2 * POINTS
     assert metrics_dir(root).parent / "overview" == overview_dir(root)
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_a_curve_found_in_order_is_the_order_a_sort_gives(seed: int) -> None:
+    """The overview skips the sort of a curve already in (step, seq) or time order: only
+    where the stable sort would have left every row in place."""
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(1, 50))
+    steps = np.sort(rng.integers(0, 8, n)) if seed % 2 else rng.integers(0, 8, n)
+    seqs = rng.permutation(n) if seed % 3 else np.arange(n)
+    order = np.lexsort((seqs, steps))
+    if parquet_module._in_order(steps, seqs):
+        assert (order == np.arange(n)).all()
+    times = np.sort(rng.random(n)) if seed % 2 else rng.random(n)
+    times[rng.integers(0, n)] = rng.choice([np.inf, -np.inf, times[0]])
+    if parquet_module._in_order(times):
+        assert (np.argsort(times, kind="stable") == np.arange(n)).all()
+    assert parquet_module._in_order(np.arange(n), np.zeros(n))

@@ -40,6 +40,7 @@ from collections.abc import Collection, Iterable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.parquet as pq
 
@@ -95,7 +96,9 @@ def _token(key: str) -> str:
     return key.split("-")[1]
 
 
-def segment_digest(first_seq: int, columns: Mapping[str, tuple[Sequence[Any], ...]]) -> str:
+def segment_digest(
+    first_seq: int, columns: Mapping[str, tuple[Sequence[Any] | npt.NDArray[Any], ...]]
+) -> str:
     """A digest of what a segment holds, cheap to make (no pass over its points): its first
     sequence number, and each metric's name, point count, first and last step. The same
     points give the same digest whatever library version encodes them, so a replay of a

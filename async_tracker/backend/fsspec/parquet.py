@@ -56,6 +56,7 @@ gives ``str`` columns rather than categories.
 from __future__ import annotations
 
 import itertools
+import operator
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from typing import Any, Final, NamedTuple
 
@@ -90,6 +91,7 @@ __all__ = [
     "encode_segment",
     "overview",
     "release_memory",
+    "row_columns",
 ]
 
 IntArray = npt.NDArray[np.int64]
@@ -102,6 +104,11 @@ _Points = tuple[
     Sequence[float] | npt.NDArray[Any],
     Sequence[float] | npt.NDArray[Any],
 ]
+# One metric's steps, values and times as numpy arrays (see row_columns).
+ArrayPoints = tuple[IntArray, FloatArray, FloatArray]
+# The most names per step that row_columns looks for (as the JSON codec's grouping does).
+MAX_STRIDE: Final = 256
+_NAME = operator.itemgetter(0)
 
 FORMAT_KEY: Final = "async_tracker.format"
 # "metrics/<major>": a reader of metrics/1 reads any metrics/1 file (later ones may add
@@ -241,6 +248,50 @@ def encode_segment(
         _arrow(np.arange(first_seq, first_seq + n, dtype=np.int64)),
     ]
     return _write(pa.Table.from_arrays(arrays, schema=_WRITE_SCHEMA))
+
+
+_VALUE, _STEP, _TIME = (operator.itemgetter(i) for i in (1, 2, 3))
+
+
+def row_columns(rows: Sequence[tuple[Any, ...]]) -> dict[str, ArrayPoints] | None:
+    """The points of ``rows`` (tuples ``(name, value, step, time)`` in call order) as each
+    name's steps, values and times in numpy arrays, for the batch a training loop makes:
+    the same names in the same order at every step. ``None`` for any other batch, and for
+    points that are not plain numbers (a step beyond int64, a value that is not a number):
+    the caller then groups them by :func:`~async_tracker.backend.fsspec.segments.
+    _columns_by_name`, which knows every case.
+
+    Why: this runs on the tracker's thread at every flush, holding the GIL that the training
+    loop waits for. Three C loops over the rows (``np.fromiter``) make whole-batch columns,
+    and each name's points are a strided view of them: no tuple per name and no second
+    pass over the points to encode or summarise them."""
+    n = len(rows)
+    if not n:
+        return None
+    first = rows[0][0]
+    period = next((i for i in range(1, min(n, MAX_STRIDE + 1)) if rows[i][0] == first), n)
+    names = tuple(map(_NAME, rows))
+    firsts = names[:period]
+    # The batch may end mid-step (a flush is cut by time): the last step's names are a
+    # prefix of the others'.
+    if len(set(firsts)) != period or names != (firsts * -(-n // period))[:n]:
+        return None
+    try:
+        values = np.fromiter(map(_VALUE, rows), np.float64, n)
+        steps = np.fromiter(map(_STEP, rows), np.int64, n)
+        times = np.fromiter(map(_TIME, rows), np.float64, n)
+    except (TypeError, ValueError, OverflowError):
+        return None
+    # numpy makes None a NaN: where a NaN is, look (the rare path) and leave a None to the
+    # general case, which refuses it by name.
+    for column, field in ((values, 1), (times, 3)):
+        nans = np.flatnonzero(np.isnan(column))
+        if len(nans) and any(rows[i][field] is None for i in nans.tolist()):
+            return None
+    return {
+        name: (steps[i::period], values[i::period], times[i::period])
+        for i, name in enumerate(firsts)
+    }
 
 
 def _steps(names: Sequence[str], cols: Sequence[_Points], n: int) -> IntArray:
@@ -717,17 +768,30 @@ def overview(data: bytes, width: int = MAX_WIDTH) -> bytes | None:
     keep: list[npt.NDArray[np.intp]] = []
     for _, where in _groups(codes, len(dictionary)):
         rows = np.arange(len(codes))[where] if isinstance(where, slice) else where
-        # A curve's order, as readers recover it: by step, then by seq (write order).
-        by_step = rows[np.lexsort((seqs[rows], steps[rows]))]
+        # A curve's order, as readers recover it: by step, then by seq (write order). Most
+        # curves are written in it already: then the sort, which would leave them as they
+        # are (it is stable), is skipped.
+        by_step = rows if _in_order(steps[rows], seqs[rows]) else rows[
+            np.lexsort((seqs[rows], steps[rows]))
+        ]
         keep.append(by_step[min_max(steps[by_step], values[by_step], width)])
         # The time axis: its own buckets (a run resumed may step back in time), NaN left out.
         timed = by_step[~np.isnan(times[by_step])]
-        by_time = timed[np.argsort(times[timed], kind="stable")]
+        stamps = times[timed]
+        by_time = timed if _in_order(stamps) else timed[np.argsort(stamps, kind="stable")]
         if len(by_time):
             keep.append(by_time[min_max(times[by_time], values[by_time], width)])
     chosen = np.unique(np.concatenate(keep)) if keep else np.empty(0, np.intp)
     picked = table.take(_arrow(chosen)).cast(_WRITE_SCHEMA)
     return _write(picked.unify_dictionaries())
+
+
+def _in_order(keys: npt.NDArray[Any], ties: npt.NDArray[Any] | None = None) -> bool:
+    """Whether a stable sort by ``keys`` (then ``ties``) would leave the rows as they are."""
+    steps = np.diff(keys)
+    if not (steps >= 0).all():
+        return False
+    return ties is None or bool((np.diff(ties)[steps == 0] >= 0).all())
 
 
 def _unseen(table: Any, seen: dict[str, list[IntArray]]) -> Any:

@@ -71,7 +71,7 @@ from async_tracker.backend.fsspec.layout import (
     run_path,
     summary_path,
 )
-from async_tracker.backend.fsspec.segments import _Columns, _columns_by_name, _encode_column
+from async_tracker.backend.fsspec.segments import _columns_by_name, _encode_column
 from async_tracker.backend.fsspec.storage import (
     NotADirectory,
     _decode_json,
@@ -85,12 +85,15 @@ from async_tracker.base import END_PART, CloseReason
 from async_tracker.errors import BackendError, RecordError
 from async_tracker.records import Batch, MetricRow, TrackerMetric
 from async_tracker.runtime.process import import_in_thread, lazy_imports, run_blocking
-from async_tracker.store.summary import WriterSummary, summarize_columns
+from async_tracker.store.summary import WriterSummary, _Columns, summarize_columns
 
 # The Parquet modules (numpy, pyarrow) are imported at the first write of metrics, not with
 # the package: a process that imports async_tracker and writes no metrics never loads them.
 # Under lazy_imports: a fork waits for the import (see runtime/process.py).
 if TYPE_CHECKING:
+    import numpy as np
+    import numpy.typing as npt
+
     from async_tracker.backend.fsspec.parquet import SegmentError
 
 logger = logging.getLogger(__name__)
@@ -300,13 +303,12 @@ class FsspecWriter:
                 batch.done.add(part)
         counted = tally.summary.counted(batch.key, batch.seq)
         columns = (
-            _columns_by_name(batch.metric_rows())
+            await self._batch_columns(batch.metric_rows())
             if batch.points() and ("metrics" not in batch.done or not counted)
             else {}
         )
         if "metrics" not in batch.done and batch.points():
-            await import_in_thread(METRIC_CODEC, endpoint=self._storage.endpoint)
-            with lazy_imports:  # see the imports
+            with lazy_imports:  # see the imports (loaded by _batch_columns)
                 from async_tracker.backend.fsspec.metricfiles import row_writer
 
             await self._write_segment(
@@ -340,6 +342,17 @@ class FsspecWriter:
             self._beats.pop(run_id, None)
             self._claims.pop(run_id, None)
 
+    async def _batch_columns(self, rows: Sequence[MetricRow]) -> Mapping[str, _Columns]:
+        """Each name's steps, values and times of a batch's points: numpy arrays made once
+        for the segment and the summary alike where the batch allows (see
+        ``parquet.row_columns``), else Python sequences (``_columns_by_name``)."""
+        await import_in_thread(METRIC_CODEC, endpoint=self._storage.endpoint)
+        with lazy_imports:  # see the imports
+            from async_tracker.backend.fsspec.parquet import row_columns
+
+        arrays = row_columns(rows)
+        return arrays if arrays is not None else _columns_by_name(rows)
+
     def _tally(self, run_id: str, writer: str) -> _Tally:
         tally = self._tallies.get((run_id, writer))
         if tally is None:
@@ -370,7 +383,7 @@ class FsspecWriter:
                     # were stored: a replay (`async-tracker sync`) days later must not stretch
                     # a run that never ended (killed) to the time of the sync.
                     last = max(
-                        [*(max(t) for _, _, t in columns.values() if t), *stamps, *ended],
+                        [*(_latest(t) for _, _, t in columns.values() if len(t)), *stamps, *ended],
                         default=math.nan,
                     )
                     tally.summary = tally.summary.with_batch(
@@ -511,9 +524,11 @@ class FsspecWriter:
             suffix = SUFFIX
         except ValueError as exc:
             logger.debug("async_tracker: a JSON segment in %s: %s", where, exc)
+            # The JSON codec takes Python numbers (the columns may be numpy's): this rare
+            # path groups the points again.
             data = b"".join(
                 _encode_column(n, s, v, t, f"metric {n!r} in {where}")
-                for n, (s, v, t) in columns.items()
+                for n, (s, v, t) in _columns_by_name(metrics).items()
             )
             suffix = JSON_SUFFIX
         if key:
@@ -797,6 +812,15 @@ class _Tally:
         self.summary = WriterSummary()
         self.loaded = False
         self.lock = anyio.Lock()
+
+
+def _latest(times: Sequence[float] | npt.NDArray[np.float64]) -> float:
+    """The latest of a batch's times (not empty): numpy's own max for an array (Python's
+    would make an object per point), and Python's answer where a NaN makes them differ."""
+    if isinstance(times, Sequence):
+        return max(times)
+    latest = float(times.max())
+    return latest if not math.isnan(latest) else float(max(times.tolist()))
 
 
 def _check(data: bytes) -> None:
