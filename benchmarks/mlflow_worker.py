@@ -18,6 +18,7 @@ call per flush) is timed. It prints one JSON line: the time to durable and the p
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import statistics
@@ -133,7 +134,8 @@ def ours(url: str, steps: int, tag: str, durable: bool) -> tuple[float, float, f
         raise SystemExit(f"async_tracker did not deliver everything: {report}")
     client = MlflowClient(url)
     exp = client.get_experiment_by_name(experiment)
-    (found,) = client.search_runs([exp.experiment_id], f"tags.`{TAG_RUN_KEY}` = '{run_key(run_id)}'")
+    key = run_key(run_id)
+    (found,) = client.search_runs([exp.experiment_id], f"tags.`{TAG_RUN_KEY}` = '{key}'")
     if found.info.status != "FINISHED":
         raise SystemExit(f"run {run_id}: {found.info.status} after close(), not FINISHED")
     check(client, found.info.run_id, steps)
@@ -198,7 +200,7 @@ def phases(start: float, end: float) -> dict[str, Any]:
         out["flush_points"] = [f[2] for f in with_points][:3]
         out["requests_per_flush"] = [min(per), statistics.median(per), max(per)] if per else []
         out["flush_prep_s"] = sum(prep)
-        gaps = [b[0] - a[1] for a, b in zip(with_points, with_points[1:])]
+        gaps = [b[0] - a[1] for a, b in itertools.pairwise(with_points)]
         out["between_flushes_s"] = sum(gaps)
     return out
 
