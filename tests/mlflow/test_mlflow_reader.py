@@ -480,6 +480,11 @@ def test_plan_requests_puts_the_last_tags_last_and_makes_room() -> None:
     # Room in the only request: no request more.
     plan = plan_requests(metrics=[("m", 1.0, 0, s) for s in range(10)], last_tags=last)
     assert len(plan) == 1 and plan[0].tags == last
+    # The only request stays whole while the tags fit in it, however large.
+    plan = plan_requests(metrics=[("m", 1.0, 0, s) for s in range(999)], last_tags=last)
+    assert len(plan) == 1 and plan[0].tags == last
+    plan = plan_requests(metrics=[("m", 1.0, 0, s) for s in range(1000)], last_tags=last)
+    assert [len(r.metrics) for r in plan] == [901, 99]
     # A large last request: its head moves to a request before it, and the last request,
     # sent alone once the others are stored, stays small.
     metrics = [("m", 1.0, 0, s) for s in range(2000)]

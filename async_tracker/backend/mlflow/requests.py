@@ -110,14 +110,20 @@ def plan_requests(
     if current.items:
         requests.append(current)
     if last_tags:
-        requests[-1:] = with_last_tags(requests[-1] if requests else None, last_tags)
+        requests[-1:] = with_last_tags(
+            requests[-1] if requests else None, last_tags, alone=len(requests) <= 1
+        )
     return requests
 
 
-def with_last_tags(last: Request | None, tags: Sequence[tuple[str, str]]) -> list[Request]:
+def with_last_tags(
+    last: Request | None, tags: Sequence[tuple[str, str]], *, alone: bool = False
+) -> list[Request]:
     """The requests that replace ``last``, the last request of a plan, when ``tags`` go in it
     (see :func:`plan_requests`): ``last`` with ``tags`` added, after a request of the entries
-    moved out of it to make room, if any. ``last`` itself is left as it was.
+    moved out of it to make room, if any. ``last`` itself is left as it was. ``alone``: it
+    is the plan's only request, which stays whole when the tags fit in it (nothing is sent
+    beside it anyway: splitting it would only add a round trip).
 
     The requests before ``last`` are the same with or without ``tags``: a flush can send
     them before its ``tags`` are known (see ``AsyncMLflowTracker._send_counted``)."""
@@ -131,9 +137,9 @@ def with_last_tags(last: Request | None, tags: Sequence[tuple[str, str]]) -> lis
         last = Request(list(last.tags), list(last.params), list(last.metrics), last.size)
     moved = Request()
 
-    def fits() -> bool:
+    def fits(most_items: int) -> bool:
         return (
-            last.items + len(tags) <= max(LAST_REQUEST_MAX_ITEMS, len(tags))
+            last.items + len(tags) <= most_items
             and len(last.tags) + len(tags) <= MAX_TAGS_PER_REQUEST
             and last.size + size <= REQUEST_BYTES_BUDGET
         )
@@ -142,7 +148,10 @@ def with_last_tags(last: Request | None, tags: Sequence[tuple[str, str]]) -> lis
     # tags fit: tags when there are too many tags, else metrics first (the most items), then
     # params, then tags. Entries of each kind keep their order across the requests, and the
     # moved ones make a request that is a part of a valid one.
-    while not fits():
+    most_items = max(LAST_REQUEST_MAX_ITEMS, len(tags))
+    if alone and fits(MAX_ITEMS_PER_REQUEST):
+        most_items = MAX_ITEMS_PER_REQUEST
+    while not fits(most_items):
         too_many_tags = len(last.tags) + len(tags) > MAX_TAGS_PER_REQUEST
         if not too_many_tags and last.metrics:
             entry = last.metrics.pop(0)

@@ -506,7 +506,8 @@ class AsyncMLflowTracker(AsyncTrackerBase):
                 if summary is None:  # counted already (a replay): nothing to add
                     return [last]
                 counted.append(summary)
-                return with_last_tags(last, summary_tags(token, summary))
+                alone = len(requests) == 1
+                return with_last_tags(last, summary_tags(token, summary), alone=alone)
 
             await self._send(run_id, requests, batch, first_params=True, tail=tail)
             if counted:
