@@ -187,9 +187,9 @@ def test_server_dying_mid_flush_loses_nothing_through_apprun(server: MlflowServe
 def test_a_retry_after_a_restart_stores_each_point_once_and_counts_it_once(
     server: MlflowServer,
 ) -> None:
-    # After the run's first flush, a flush's requests leave together (none alone first):
-    # the server dies once the first of them is stored, the others fail, and the retry sends
-    # what is missing; the writer's summary, sent last, counts each point once.
+    # The server dies once the first request of a flush is stored, the others (sent two at
+    # a time) fail, and the retry sends what is missing; the writer's summary, sent last,
+    # counts each point once.
     backend = AsyncMLflowTracker("restart-together", server.url, request_concurrency=3)
     run = AppRun(
         "restart-together", [backend], flush_interval=3600, batch_size=100_000, retry=RETRY
