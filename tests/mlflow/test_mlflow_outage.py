@@ -20,6 +20,7 @@ import pytest
 from async_tracker import AppRun, Batch, RetryPolicy, TrackerMetric, as_sync
 from async_tracker.backend.memory import InMemoryTracker
 from async_tracker.backend.mlflow import MAX_METRICS_PER_REQUEST, AsyncMLflowTracker
+from async_tracker.backend.mlflow.summaries import stored_summaries
 from async_tracker.errors import (
     BackendError,
     PermanentBackendError,
@@ -181,6 +182,43 @@ def test_server_dying_mid_flush_loses_nothing_through_apprun(server: MlflowServe
     loss = client.get_metric_history(mlrun.info.run_id, "loss")
     assert sorted(m.step for m in loss) == list(range(5000))
     assert mlrun.data.tags["phase"] == '"train"'
+
+
+def test_a_retry_after_a_restart_stores_each_point_once_and_counts_it_once(
+    server: MlflowServer,
+) -> None:
+    # The server dies once the first request of a flush is stored, the others (sent two at
+    # a time) fail, and the retry sends what is missing; the writer's summary, sent last,
+    # counts each point once.
+    backend = AsyncMLflowTracker("restart-together", server.url, request_concurrency=3)
+    run = AppRun(
+        "restart-together", [backend], flush_interval=3600, batch_size=100_000, retry=RETRY
+    )
+    try:
+        run.log_metric("loss", 0.0, step=0)
+        assert run.flush(timeout=60).ok
+        for step in range(1, 3001):
+            run.log_metric("loss", float(step), step=step)
+        stored = kill_after_first_request(backend, server)
+        try:
+            report = run.flush(timeout=30)
+        finally:
+            server.start()
+        assert stored[:1] == [MAX_METRICS_PER_REQUEST]  # a points request, not the summary's
+        assert report.dropped == 0 and report.pending + report.spooled == 3000, report
+        report = run.flush(timeout=60)  # the server is back
+        assert report.ok and report.dropped == 0, report
+        # Stored before the outage and marked so: not sent again. A request stored while the
+        # others failed, whose answer the cancelled flush no longer awaited, is sent again:
+        # MLflow keeps its points once (same name, value, step and client timestamp).
+        assert 3000 <= sum(stored) <= 3000 + 2 * MAX_METRICS_PER_REQUEST
+    finally:
+        run.close(timeout=10)
+    client, mlrun = read_back(server.url, "restart-together")
+    loss = client.get_metric_history(mlrun.info.run_id, "loss")
+    assert sorted(m.step for m in loss) == list(range(3001))
+    (summary,) = stored_summaries(mlrun.data.tags).writers.values()
+    assert summary.metrics["loss"].count == 3001
 
 
 def test_frozen_server_close_returns_on_time(server: MlflowServer) -> None:

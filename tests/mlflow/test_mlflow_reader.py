@@ -21,9 +21,11 @@ from async_tracker.backend.mlflow import AsyncMLflowTracker, runs, summaries
 from async_tracker.backend.mlflow.mapping import TAG_SUMMARIES, TAG_SUMMARY_PREFIX
 from async_tracker.backend.mlflow.reader import MLflowReader
 from async_tracker.backend.mlflow.requests import (
+    LAST_REQUEST_MAX_ITEMS,
     MAX_ITEMS_PER_REQUEST,
     MAX_TAGS_PER_REQUEST,
     plan_requests,
+    with_last_tags,
 )
 from async_tracker.backend.mlflow.summaries import (
     stored_summaries,
@@ -397,9 +399,63 @@ def test_a_flush_sends_its_summary_in_its_last_request(
     for step in range(2500):
         run.log_metric("loss", float(step), step=step)
     close(run)
-    assert order == [0, 0, 1]
+    # 2,500 points: [1000, 1000, 401] and the last, small one with the summary, stored last.
+    assert order == [0, 0, 0, 1]
     summary = native(fresh(backend)).run_summary("requests")
     assert summary is not None and summary.metrics["loss"].count == 2510
+
+
+def test_the_summary_is_current_after_close_when_requests_go_together(
+    tracking_uri: str, experiment_name: str, tmp_path: Path
+) -> None:
+    backend = AsyncMLflowTracker(experiment_name, tracking_uri, request_concurrency=3)
+    run = app_run(backend, "together", tmp_path)
+    run.log_metric("warm", 1.0, step=0)
+    assert run.flush(WAIT_S).ok  # the run made
+    real = backend.client.log_batch
+    lock = threading.Lock()
+    in_flight = [0]
+    stored = [0]  # "loss" points stored
+    checked: list[int] = []
+    # The second and third points requests wait for each other here (the first goes alone):
+    # the test fails (a broken barrier) unless they are in flight together.
+    together = threading.Barrier(2, timeout=WAIT_S)
+    entered = [0]
+
+    def log_batch(run_id: str, metrics: Any = (), params: Any = (), tags: Any = ()) -> None:
+        summaries = stored_summaries({t.key: t.value for t in tags}).writers
+        points = sum(m.key == "loss" for m in metrics)
+        with lock:
+            if summaries:
+                # Sent once every other request of the flush is stored; it counts those and
+                # its own points (MLflow stores a request's metrics before its tags).
+                assert in_flight[0] == 0
+                (summary,) = summaries.values()
+                assert summary.metrics["loss"].count == stored[0] + points
+                checked.append(stored[0] + points)
+            in_flight[0] += 1
+            entered[0] += 1
+            wait = not summaries and entered[0] in (2, 3)
+        if wait:
+            together.wait()
+        try:
+            real(run_id, metrics=metrics, params=params, tags=tags)
+        finally:
+            with lock:
+                in_flight[0] -= 1
+                stored[0] += points
+
+    backend.client.log_batch = log_batch
+    for flush in range(3):
+        for step in range(2500):
+            run.log_metric("loss", float(step), step=2500 * flush + step)
+        assert run.flush(WAIT_S).ok
+    close(run)
+    assert checked == [2500, 5000, 7500]
+    summary = native(fresh(backend)).run_summary("together")
+    assert summary is not None and summary.metrics["loss"].count == 7500
+    assert_as_generic(summary, generic(fresh(backend))["together"])
+    on_loop(backend.aclose)
 
 
 # -- the parts, alone ---------------------------------------------------------------------------
@@ -424,10 +480,20 @@ def test_plan_requests_puts_the_last_tags_last_and_makes_room() -> None:
     # Room in the only request: no request more.
     plan = plan_requests(metrics=[("m", 1.0, 0, s) for s in range(10)], last_tags=last)
     assert len(plan) == 1 and plan[0].tags == last
-    # A full last request: its tail moves to a request before it.
+    # The only request stays whole while the tags fit in it, however large.
+    plan = plan_requests(metrics=[("m", 1.0, 0, s) for s in range(999)], last_tags=last)
+    assert len(plan) == 1 and plan[0].tags == last
+    plan = plan_requests(metrics=[("m", 1.0, 0, s) for s in range(1000)], last_tags=last)
+    assert [len(r.metrics) for r in plan] == [901, 99]
+    # A large last request: its head moves to a request before it, and the last request,
+    # sent alone once the others are stored, stays small.
     metrics = [("m", 1.0, 0, s) for s in range(2000)]
     plan = plan_requests(metrics=metrics, last_tags=last)
-    assert [len(r.metrics) for r in plan] == [1000, 1, 999] and plan[-1].tags == last
+    assert [len(r.metrics) for r in plan] == [1000, 901, 99] and plan[-1].tags == last
+    assert plan[-1].items == LAST_REQUEST_MAX_ITEMS
+    # The requests before the last one do not depend on the last tags (they leave first).
+    assert plan_requests(metrics=metrics)[:-1] == plan[:-2]
+    assert with_last_tags(plan_requests(metrics=metrics)[-1], last) == plan[-2:]
     assert [m for r in plan for m in r.metrics] == metrics
     assert all(r.items <= MAX_ITEMS_PER_REQUEST for r in plan)
     tags = [(f"k{i}", "v") for i in range(MAX_TAGS_PER_REQUEST)]

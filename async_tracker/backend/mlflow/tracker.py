@@ -65,7 +65,12 @@ from async_tracker.backend.mlflow.mapping import (
     source_value,
     tag_problem,
 )
-from async_tracker.backend.mlflow.requests import MetricEntry, Request, plan_requests
+from async_tracker.backend.mlflow.requests import (
+    MetricEntry,
+    Request,
+    plan_requests,
+    with_last_tags,
+)
 from async_tracker.backend.mlflow.runs import (
     STATUS_OF_REASON,
     RunBook,
@@ -340,15 +345,18 @@ class AsyncMLflowTracker(AsyncTrackerBase):
         requests: Sequence[Request],
         batch: Batch,
         first_params: bool,
-        last_after: bool = False,
+        tail: Callable[[Request], list[Request]] | None = None,
     ) -> None:
         """Sends requests not yet in ``batch.done``, a few at a time. Each is marked done when
         stored; a failure cancels the rest, and the lane's retry sends only what is missing.
+        With ``tail``, the last of ``requests`` is replaced by ``tail(last)`` once the others
+        are under way (see :meth:`_send_requests`).
 
         Whatever fails leaves as one :class:`BackendError`, never an exception group: the
         errors of the requests that failed together are combined (transient if any is)."""
+        planned = list(requests)  # the tail replaces its last entry once planned
         try:
-            await self._send_requests(run_id, requests, batch, first_params, last_after)
+            await self._send_requests(run_id, planned, batch, first_params, tail)
             return
         except BaseExceptionGroup as group:
             error = map_group(group, lambda e: map_error(e, "log_batch"))
@@ -356,44 +364,63 @@ class AsyncMLflowTracker(AsyncTrackerBase):
                 raise
             if all(error is not leaf for leaf in leaves(group)):
                 error.__cause__ = group  # a combined error: the group shows each part
-        stored = sum(1 for i in range(len(requests)) if f"mlflow:{i}" in batch.done)
-        error.args = (f"{error} ({stored} of {len(requests)} requests of the flush stored)",)
+        stored = sum(1 for i in range(len(planned)) if f"mlflow:{i}" in batch.done)
+        error.args = (f"{error} ({stored} of {len(planned)} requests of the flush stored)",)
         raise error
 
     async def _send_requests(
         self,
         run_id: str,
-        requests: Sequence[Request],
+        planned: list[Request],
         batch: Batch,
         first_params: bool,
-        last_after: bool = False,
+        tail: Callable[[Request], list[Request]] | None,
     ) -> None:
-        parts = [(f"mlflow:{i}", r) for i, r in enumerate(requests)]
-        todo = [(part, r) for part, r in parts if part not in batch.done]
-        if not todo:
-            return
-        # With ``last_after``, the last request (it holds the writer's summary) waits until
-        # every other one is stored: a summary never counts points the run does not hold.
-        final = todo.pop() if last_after and len(todo) > 1 else None
-        # The first request alone: it resolves (maybe creates) the run before the others race.
-        part, first = todo[0]
-        await self._blocking("log_batch", self._log_batch_sync, run_id, first, first_params)
-        batch.done.add(part)
+        """Sends ``planned`` (request ``i`` is the part ``mlflow:i`` of the batch), at most
+        ``request_concurrency`` in flight. With ``tail``: the last planned request is held
+        back; once the first of the others is under way, ``tail(last)`` (computed on this
+        thread: the writer's summary) gives the requests that replace it, and the very last
+        of those is sent only after every other one is stored."""
         limiter = anyio.CapacityLimiter(self.request_concurrency)
+        under_way = anyio.Event()
 
-        async def send(part: str, request: Request) -> None:
+        async def send(index: int, request: Request) -> None:
+            part = f"mlflow:{index}"
+            if part in batch.done:
+                return
             async with limiter:
+                # Set before the call is handed to a worker thread, but a waiter runs only
+                # once this task waits on that thread: the request has left by then.
+                under_way.set()
                 await self._blocking(
                     "log_batch", self._log_batch_sync, run_id, request, first_params
                 )
             batch.done.add(part)
 
-        if len(todo) > 1:
-            async with anyio.create_task_group() as tg:
-                for part, request in todo[1:]:
-                    tg.start_soon(send, part, request)
-        if final is not None:
-            await send(*final)
+        head = planned[:-1] if tail is not None else planned
+        todo = [(i, r) for i, r in enumerate(head) if f"mlflow:{i}" not in batch.done]
+        if todo:
+            # The first request alone: it makes this process a writer of the run (a tag, and
+            # RUNNING again for an ended run) and reads the run's params once, before the
+            # others race for them in worker threads. Sending it beside the others from a
+            # flush's start gained nothing measurable: the server (SQLite) stores one
+            # request at a time, and bench_mlflow saw more time per request, not less.
+            await send(*todo.pop(0))
+        async with anyio.create_task_group() as tg:
+            for index, request in todo:
+                tg.start_soon(send, index, request)
+            if tail is not None:
+                if todo:
+                    # Whatever ``tail`` computes here costs the server no idle time: it works
+                    # on the requests already sent meanwhile.
+                    await under_way.wait()
+                planned[-1:] = tail(planned[-1])
+                for index in range(len(head), len(planned) - 1):
+                    tg.start_soon(send, index, planned[index])
+        if tail is not None:
+            # The last request (it holds the writer's summary) waits until every other one is
+            # stored: a summary never counts points the run does not hold.
+            await send(len(planned) - 1, planned[-1])
 
     # -- the writer's summary --------------------------------------------------------------------
     def _tally(self, ref: RunRef, token: str) -> Tally:
@@ -469,12 +496,22 @@ class AsyncMLflowTracker(AsyncTrackerBase):
         # Held until the summary is stored and kept (see Tally): uncontended for an AppRun,
         # whose batches of a run come one at a time.
         async with tally.lock:
-            summary = self._batch_summary(ref, tally, batch, metrics)
-            last = summary_tags(token, summary) if summary is not None else []
-            requests = plan_requests(tags=tags, metrics=metrics, params=params, last_tags=last)
-            await self._send(run_id, requests, batch, first_params=True, last_after=bool(last))
-            if summary is not None:
-                tally.summary = summary
+            # Planned without the summary: the requests before the last one are the same
+            # with it (see with_last_tags), so they leave before the summary is computed.
+            requests = plan_requests(tags=tags, metrics=metrics, params=params)
+            counted: list[WriterSummary] = []
+
+            def tail(last: Request) -> list[Request]:
+                summary = self._batch_summary(ref, tally, batch, metrics)
+                if summary is None:  # counted already (a replay): nothing to add
+                    return [last]
+                counted.append(summary)
+                alone = len(requests) == 1
+                return with_last_tags(last, summary_tags(token, summary), alone=alone)
+
+            await self._send(run_id, requests, batch, first_params=True, tail=tail)
+            if counted:
+                tally.summary = counted[0]
 
     # -- writes ----------------------------------------------------------------------------------
     async def write_batch(self, run_id: str, batch: Batch) -> None:
