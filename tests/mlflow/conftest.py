@@ -29,6 +29,18 @@ def mlflow_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MlflowSe
         server.stop()
 
 
+@pytest.fixture
+def server(mlflow_server: MlflowServer) -> Iterator[MlflowServer]:
+    """The session's server, for a test that kills, stops or freezes it (each test uses an
+    experiment of its own): running and answering again for the tests after it, whatever the
+    test did. One server start per test process, not one more per outage module: a start
+    costs seconds of CPU."""
+    try:
+        yield mlflow_server
+    finally:
+        mlflow_server.ensure_running()
+
+
 @pytest.fixture(scope="session")
 def tracking_uri(mlflow_server: MlflowServer) -> str:
     return mlflow_server.url

@@ -105,6 +105,14 @@ class MlflowServer:
         # The uvicorn worker is in our process group: make sure it is gone too.
         self._signal(signal.SIGKILL)
 
+    def ensure_running(self) -> None:
+        """Answering again after a test that paused (SIGSTOP), stopped or killed it: resumed,
+        or started again on the same port with the same store."""
+        self._signal(signal.SIGCONT)
+        if self.proc is None or self.proc.poll() is not None:
+            self._signal(signal.SIGKILL)  # a worker left behind by its leader's death
+            self.start()
+
     def log_tail(self, lines: int = 30) -> str:
         try:
             return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])

@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -48,16 +47,6 @@ with AppRun("job", [backend], spool_dir=spool, close_timeout=5.0, retry=retry,
     while True:
         time.sleep(0.01)
 """
-
-
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MlflowServer]:
-    s = MlflowServer(tmp_path_factory.mktemp("mlflow-end-status"))
-    s.start()
-    try:
-        yield s
-    finally:
-        s.stop()
 
 
 def the_run(url: str, experiment: str) -> Any:

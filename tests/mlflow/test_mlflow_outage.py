@@ -2,8 +2,8 @@
 in the middle of a flush of several requests, frozen (SIGSTOP: connections accepted, never
 answered), and killed for good.
 
-These tests share one server of their own (module scope), which they kill; they run in file
-order: restart, mid-flush (restarted too), freeze, kill for good.
+These tests use the session's server (the `server` fixture), which they kill and restart on
+its port with its store; the fixture leaves it running for the tests after each.
 """
 
 from __future__ import annotations
@@ -12,7 +12,6 @@ import os
 import signal
 import sys
 import threading
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -39,17 +38,6 @@ RETRY = RetryPolicy(
     max_attempts=3, initial_backoff_s=0.05, max_backoff_s=0.2, jitter_s=0.05, cooldown_s=0.5
 )
 # What close() may take beyond its timeout here: its own slack plus a loaded machine.
-
-
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MlflowServer]:
-    s = MlflowServer(tmp_path_factory.mktemp("mlflow-outage"))
-    s.start()
-    try:
-        yield s
-    finally:
-        s._signal(signal.SIGCONT)
-        s.stop()
 
 
 def read_back(url: str, experiment: str) -> tuple[Any, Any]:
