@@ -44,7 +44,7 @@ from typing import TYPE_CHECKING
 import anyio
 import orjson
 
-from async_tracker.backend.fsspec import index
+from async_tracker.backend.fsspec import index, indexfold
 from async_tracker.backend.fsspec.layout import (
     _DIGEST,
     _KEY_FILE,
@@ -339,6 +339,9 @@ class FsspecWriter:
             self._tallies.pop((run_id, writer), None)  # a later life reloads it from the store
             self._beats.pop(run_id, None)
             self._claims.pop(run_id, None)
+            # Last: this writer's summary says it ended, so a fold may take it off the root.
+            # Bounded and never raising: the batch is written whatever the fold does.
+            await indexfold.fold_if_due(self._storage, self.root_dir)
 
     def _tally(self, run_id: str, writer: str) -> _Tally:
         tally = self._tallies.get((run_id, writer))

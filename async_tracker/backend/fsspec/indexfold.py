@@ -1,0 +1,158 @@
+"""Writers fold the run index: the summaries of writers that ended leave the store's root.
+
+Each writing pipeline leaves one summary file per run at the store's root
+(``.index-summary-<digest>-<writer token>.json``, see ``index.py``), and a run claimed leaves a
+claim. Readers compact them into the index's checkpoint after a listing (``index.compact``),
+but a store that only short-lived writers touch (a sweep, a test suite, jobs that each open,
+log and close a run) would otherwise keep one file per writer at its root without bound: the
+next listing reads them all, and every later scan of the root lists them.
+
+So a writer, once it has written a run's end (the end batch's summary), folds the index when
+it is due: it counts the index files at the root (their names: a scan on local disk, one
+listing request per 1,000 on object stores) and, when there are :data:`FOLD_AFTER_FILES`
+more than at this process's last fold of that root, runs a reader's listing, which compacts
+by its own rules (``index.compact``): it writes the next checkpoint first, by an atomic
+create-if-absent, and only then removes what that checkpoint folded of writers that ended.
+The count at the root is then the live writers' summaries plus a constant.
+
+Concurrency: a fold is a reader's compaction, so two processes folding one store at once,
+or a fold racing a listing, behave as two readers' compactions do: of two checkpoints
+``n + 1``, one is created and the other writer stops; a file is removed only after a
+checkpoint holding it exists, and only at the version folded (a summary rewritten since is
+kept); a listing that finds a file gone meanwhile lists again, and reads it from the newer
+checkpoint, so it sees each run once. A fold never fails a write: it is bounded by
+:data:`FOLD_BUDGET_S` (cut short at any step it leaves what a crash there would) and what
+goes wrong is logged at debug level; the next fold, or the next reader, does it.
+
+Which process checks, and when: each process counts the ends it wrote per store root
+(:class:`_FoldState`), and checks at its first end there and then every
+:data:`FOLD_CHECK_EVERY` ends: a process that opens one short run checks once, and one with
+1,000 runs closing at once does not scan the root 1,000 times. After a fold that compacted
+nothing (the files are live writers' summaries, not removable), the next waits for
+:data:`FOLD_AFTER_FILES` more files than that fold saw, so many live writers do not make
+every check read the index.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import threading
+
+import anyio
+
+from async_tracker.backend.fsspec import index
+from async_tracker.backend.fsspec.indexfiles import list_index
+from async_tracker.backend.fsspec.layout import INDEX_PREFIX
+from async_tracker.backend.fsspec.reader import FsspecReader
+from async_tracker.backend.fsspec.storage import _Storage
+from async_tracker.backend.fsspec.summaries import run_list
+from async_tracker.runtime.process import run_blocking
+
+logger = logging.getLogger(__name__)
+
+# Fold once the index files at the root (checkpoints aside) number this many more than at
+# this process's last fold of the store: more than the readers' own threshold to compact
+# (index.COMPACT_AFTER_FILES), so that a fold finds enough to remove to write a checkpoint.
+FOLD_AFTER_FILES = 64
+# Look at the root at a process's first end in a store, then every this many ends.
+FOLD_CHECK_EVERY = 16
+# A fold runs in the batch that holds the run's end, before it is acknowledged (the close
+# waits for it): given up past this, as a crash there would leave it.
+FOLD_BUDGET_S = 2.0
+
+
+@dataclasses.dataclass
+class _FoldState:
+    """What this process knows of one store root: the ends written to it, how many index
+    files its last fold saw (the floor the next fold waits to exceed), and whether a fold of
+    it is under way here."""
+
+    ends: int = 0
+    floor: int = 0
+    folding: bool = False
+
+
+# Per process and root. A forked child inherits the parent's counts, which only shifts when
+# it first checks; the lock guards the counts against writers on several threads (the
+# tracker loop, and a user's own loop calling a backend directly).
+_states: dict[str, _FoldState] = {}
+_states_lock = threading.Lock()
+
+
+def _due_to_check(root: str) -> _FoldState | None:
+    """Counts an end written to ``root``; the root's state, marked folding, when this end
+    should check (never while a fold of it is under way in this process: runs closing
+    together fold once, not once each)."""
+    with _states_lock:
+        state = _states.setdefault(root, _FoldState())
+        state.ends += 1
+        if (state.ends - 1) % FOLD_CHECK_EVERY or state.folding:
+            return None
+        state.folding = True
+        return state
+
+
+def _count_local(root: str) -> int:
+    """The index files at a local root, checkpoints aside, by name (no stat)."""
+    try:
+        names = os.listdir(root)
+    except (FileNotFoundError, NotADirectoryError):
+        return 0
+    return sum(
+        1
+        for name in names
+        if name.startswith(INDEX_PREFIX) and not name.startswith(index.CHECKPOINT_PREFIX)
+    )
+
+
+async def _count(storage: _Storage, root: str) -> int:
+    if storage.stages:  # local disk: names alone
+        return await run_blocking(_count_local, root, endpoint=storage.endpoint)
+    listed = await list_index(storage, root)
+    return sum(1 for name in listed if not name.startswith(index.CHECKPOINT_PREFIX))
+
+
+async def fold_if_due(storage: _Storage, root: str) -> bool:
+    """After a writer wrote a run's end: folds the run index of ``root`` if it is due (see
+    the module's docstring). True if it checked and the root then held fewer index files
+    (its fold, or a racing one, removed some). Never raises
+    (but for cancellation)."""
+    state = _due_to_check(root)
+    if state is None:
+        return False
+    try:
+        with anyio.move_on_after(FOLD_BUDGET_S):
+            return await _fold(storage, root, state)
+        logger.debug("async_tracker: the run index of %s not folded within %.1f s",
+                     root, FOLD_BUDGET_S)  # fmt: skip
+    except Exception as exc:  # the write it follows succeeded: a reader folds it later
+        logger.debug("async_tracker: the run index of %s not folded: %s: %s",
+                     root, type(exc).__name__, exc)  # fmt: skip
+    finally:
+        with _states_lock:
+            state.folding = False
+    return False
+
+
+async def _fold(storage: _Storage, root: str, state: _FoldState) -> bool:
+    count = await _count(storage, root)
+    with _states_lock:
+        if count < state.floor + FOLD_AFTER_FILES:
+            # Fewer than the floor: another process folded meanwhile; let the floor follow.
+            state.floor = min(state.floor, count)
+            return False
+        # Raised before the listing: a fold given up (its budget) is not retried at once.
+        state.floor = count
+    # A reader's listing, which compacts by its own rules (index.compact).
+    await run_list(FsspecReader(storage, root))
+    after = await _count(storage, root)
+    with _states_lock:
+        # What is left are live writers' files (or files a racing fold has not removed yet):
+        # the next fold waits for FOLD_AFTER_FILES more than that.
+        state.floor = after
+    return after < count
+
+
+__all__ = ["FOLD_AFTER_FILES", "FOLD_BUDGET_S", "FOLD_CHECK_EVERY", "fold_if_due"]
