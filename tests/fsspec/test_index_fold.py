@@ -121,6 +121,9 @@ def test_many_live_writers_do_not_make_every_end_read_the_index(
     assert len(folds) == 1
     for run in opened[4:]:
         assert run.close().ok
+    # Once these writers ended, this process's ends made their files removable: folded too,
+    # without a reader (20 summaries: the last fold left fewer than FOLD_AFTER_FILES).
+    assert len(index_files(tmp_path)) < indexfold.FOLD_AFTER_FILES, index_files(tmp_path)
     found = listed(tmp_path)
     assert len(found) == 20 and all(r.status == "finished" for r in found.values())
 

@@ -30,7 +30,10 @@ Which process checks, and when: each process counts the ends it wrote per store 
 1,000 runs closing at once does not scan the root 1,000 times. After a fold that compacted
 nothing (the files are live writers' summaries, not removable), the next waits for
 :data:`FOLD_AFTER_FILES` more files than that fold saw, so many live writers do not make
-every check read the index.
+every check read the index; and a process whose own ends since then number half that floor
+(and at least :data:`FOLD_AFTER_FILES`) folds again, since those writers' files are now
+removable: over many runs closing in one process, a fold per half as many ends as the root
+holds files, no more often.
 """
 
 from __future__ import annotations
@@ -71,6 +74,7 @@ class _FoldState:
 
     ends: int = 0
     floor: int = 0
+    ends_at_fold: int = 0  # ``ends`` when the floor was set
     folding: bool = False
 
 
@@ -139,12 +143,16 @@ async def fold_if_due(storage: _Storage, root: str) -> bool:
 async def _fold(storage: _Storage, root: str, state: _FoldState) -> bool:
     count = await _count(storage, root)
     with _states_lock:
-        if count < state.floor + FOLD_AFTER_FILES:
+        # The files this process's own ends made removable since the floor was set (the live
+        # writers' files it left may be theirs): half the floor, so that over many live
+        # writers a fold reads the index once per as many ends as it holds files.
+        ended = state.ends - state.ends_at_fold >= max(FOLD_AFTER_FILES, state.floor // 2)
+        if count < state.floor + FOLD_AFTER_FILES and not (ended and count >= FOLD_AFTER_FILES):
             # Fewer than the floor: another process folded meanwhile; let the floor follow.
             state.floor = min(state.floor, count)
             return False
         # Raised before the listing: a fold given up (its budget) is not retried at once.
-        state.floor = count
+        state.floor, state.ends_at_fold = count, state.ends
     # A reader's listing, which compacts by its own rules (index.compact).
     await run_list(FsspecReader(storage, root))
     after = await _count(storage, root)
