@@ -4,13 +4,16 @@ summary of everything its writers wrote; folds racing each other or a listing lo
 
 from __future__ import annotations
 
+import gc
 import os
 import subprocess
 import sys
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import anyio
 import fsspec
 import pytest
 
@@ -18,6 +21,7 @@ from async_tracker import AppRun
 from async_tracker.backend.fsspec import AsyncFsspecTracker, FsspecTracker, index, indexfold
 from async_tracker.backend.fsspec.layout import INDEX_PREFIX, SUMMARY_PREFIX
 from async_tracker.backend.fsspec.reader import FsspecReader
+from async_tracker.backend.fsspec.storage import MAX_CONCURRENT_FILES, _gather_bounded
 from async_tracker.backend.fsspec.summaries import run_summaries
 from async_tracker.runtime.process import runtime
 from async_tracker.store.summary import RunSummary
@@ -206,3 +210,27 @@ def test_two_processes_writing_and_folding_at_once_lose_no_summary(tmp_path: Pat
     assert [p.wait(timeout=120) for p in procs] == [0, 0]
     check_runs(listed(tmp_path), cycles, ids, writers=2)
     assert len(index_files(tmp_path)) < 40
+
+
+def test_a_fold_cut_short_leaves_no_coroutine_unawaited() -> None:
+    """A fold given up at its budget cancels reads waiting for their turn: they are closed,
+    not left to warn, at their collection, that they were never awaited."""
+    started: list[int] = []
+
+    async def cut_short() -> None:
+        with anyio.CancelScope() as scope:
+
+            async def read(i: int) -> int:
+                started.append(i)
+                scope.cancel()  # the budget runs out while the first reads are under way
+                await anyio.sleep(0)
+                return i
+
+            await _gather_bounded([read(i) for i in range(3 * MAX_CONCURRENT_FILES)])
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        runtime().loop.call(cut_short)
+        gc.collect()
+    assert 0 < len(started) <= MAX_CONCURRENT_FILES
+    assert not [w for w in caught if "never awaited" in str(w.message)], caught
