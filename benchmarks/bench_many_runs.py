@@ -301,7 +301,10 @@ def main() -> None:
                 # Alternated, and the order flipped each round: neither side always goes first.
                 order = list(sides) if n % 2 == 0 else list(reversed(sides))
                 for side in order:
-                    got[part][side].append(in_subprocess(args, part, sides[side]))
+                    figures = in_subprocess(args, part, sides[side])
+                    got[part][side].append(figures)
+                    shown = {k: figures[k] for k in SHOWN[part]}
+                    print(f"round {n + 1} {part} {side}: {shown}", flush=True)
     finally:
         for folder in sides.values():
             if folder is not None:
