@@ -221,9 +221,13 @@ def run_cycles(cycles: int, ids: int, root: str | None = None) -> Cycles:
 
 def child(args: argparse.Namespace) -> dict[str, Any]:
     """One side's figures, in this process: the many runs, or the short runs."""
+    import async_tracker
+
+    # Which tree this side measured: the base's package, or this one's.
+    tree = {"package": os.path.dirname(os.path.dirname(async_tracker.__file__))}
     if args.only == "many":
-        return asdict(measure(args.runs, args.points, args.tracemalloc))
-    return asdict(run_cycles(args.cycles, args.ids))
+        return {**asdict(measure(args.runs, args.points, args.tracemalloc)), **tree}
+    return {**asdict(run_cycles(args.cycles, args.ids)), **tree}
 
 
 def base_tree(rev: str) -> str:
@@ -251,7 +255,8 @@ def in_subprocess(args: argparse.Namespace, only: str, first: str | None) -> dic
         ]  # fmt: skip
         if args.tracemalloc:
             cmd.append("--tracemalloc")
-        subprocess.run(cmd, env=env, check=True, cwd=here, stderr=subprocess.DEVNULL)
+        # Run from the side's tree: ``-m`` puts the working directory first on sys.path.
+        subprocess.run(cmd, env=env, check=True, cwd=first or here, stderr=subprocess.DEVNULL)
         with open(out.name) as f:
             figures: dict[str, Any] = json.load(f)
             return figures
@@ -303,7 +308,7 @@ def main() -> None:
                 for side in order:
                     figures = in_subprocess(args, part, sides[side])
                     got[part][side].append(figures)
-                    shown = {k: figures[k] for k in SHOWN[part]}
+                    shown = {k: figures[k] for k in [*SHOWN[part], "package"]}
                     print(f"round {n + 1} {part} {side}: {shown}", flush=True)
     finally:
         for folder in sides.values():
