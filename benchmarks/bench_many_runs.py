@@ -256,7 +256,7 @@ def in_subprocess(args: argparse.Namespace, only: str, first: str | None) -> dic
         if args.tracemalloc:
             cmd.append("--tracemalloc")
         # Run from the side's tree: ``-m`` puts the working directory first on sys.path.
-        subprocess.run(cmd, env=env, check=True, cwd=first or here, stderr=subprocess.DEVNULL)
+        subprocess.run(cmd, env=env, check=True, cwd=first or here)
         with open(out.name) as f:
             figures: dict[str, Any] = json.load(f)
             return figures

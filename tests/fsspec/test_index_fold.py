@@ -92,7 +92,11 @@ def test_a_live_writers_summary_is_never_folded_away(tmp_path: Path) -> None:
     live = AppRun("live/run", [FsspecTracker(fs, str(tmp_path))])
     live.log_metric("step", 1.0, 1)
     assert live.flush().ok
-    short_runs(tmp_path, 30, 3)
+    short_runs(tmp_path, 30, 3)  # no fold while this process holds a live writer: one now
+    storage = AsyncFsspecTracker(fsspec.filesystem("file"), str(tmp_path))._writer._storage
+    assert runtime().loop.call(
+        lambda: indexfold._fold(storage, str(tmp_path), indexfold._FoldState())
+    )
     # Its summary file is still at the root, and it is listed as running.
     token_files = [n for n in index_files(tmp_path) if n.startswith(SUMMARY_PREFIX)]
     assert token_files, "the live writer's summary was removed"
@@ -102,7 +106,7 @@ def test_a_live_writers_summary_is_never_folded_away(tmp_path: Path) -> None:
     assert found["live/run"].status == "finished" and found["live/run"].metrics["step"].count == 1
 
 
-def test_many_live_writers_do_not_make_every_end_read_the_index(
+def test_runs_closing_together_fold_once_after_the_last(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     fs = fsspec.filesystem("file")
@@ -118,15 +122,14 @@ def test_many_live_writers_do_not_make_every_end_read_the_index(
         return await real(*args, **kwargs)
 
     monkeypatch.setattr(indexfold, "run_list", counted)
-    # 20 live summaries and claims: the first end folds (claims go), then the floor is what
-    # that fold left, and the next ends find fewer than FOLD_AFTER_FILES more than it.
-    for run in opened[:4]:
+    # While other writers of this process are live, an end does not look at the root: the
+    # closes of runs that end together fold once, after the last of them.
+    for run in opened[:-1]:
         assert run.close().ok
+    assert folds == []
+    assert opened[-1].close().ok
     assert len(folds) == 1
-    for run in opened[4:]:
-        assert run.close().ok
-    # Once these writers ended, this process's ends made their files removable: folded too,
-    # without a reader (20 summaries: the last fold left fewer than FOLD_AFTER_FILES).
+    # Every writer ended: all their files folded, without a reader.
     assert len(index_files(tmp_path)) < indexfold.FOLD_AFTER_FILES, index_files(tmp_path)
     found = listed(tmp_path)
     assert len(found) == 20 and all(r.status == "finished" for r in found.values())
@@ -140,7 +143,8 @@ def test_a_fold_racing_another_and_a_listing_loses_nothing(
     a listing run between its checkpoint and the removal: the listing sees each run once."""
     cycles, ids = 24, 4
     monkeypatch.setattr(indexfold, "FOLD_CHECK_EVERY", 10**9)  # no fold but ours
-    monkeypatch.setattr(indexfold, "_states", {str(tmp_path): indexfold._FoldState(ends=1)})
+    checked = indexfold._FoldState(ends=1, checked_at=1)
+    monkeypatch.setattr(indexfold, "_states", {str(tmp_path): checked})
     short_runs(tmp_path, cycles, ids)
     assert len(index_files(tmp_path)) >= cycles  # nothing folded yet
     storage = AsyncFsspecTracker(fsspec.filesystem("file"), str(tmp_path))._writer._storage

@@ -24,10 +24,13 @@ checkpoint, so it sees each run once. A fold never fails a write: it is bounded 
 :data:`FOLD_BUDGET_S` (cut short at any step it leaves what a crash there would) and what
 goes wrong is logged at debug level; the next fold, or the next reader, does it.
 
-Which process checks, and when: each process counts the ends it wrote per store root
-(:class:`_FoldState`), and checks at its first end there and then every
-:data:`FOLD_CHECK_EVERY` ends: a process that opens one short run checks once, and one with
-1,000 runs closing at once does not scan the root 1,000 times. After a fold that compacted
+Which process checks, and when: each process counts per store root (:class:`_FoldState`)
+its writers that began and the ends they wrote, and checks at an end that leaves it no other
+live writer of the root: at its first such end, then every :data:`FOLD_CHECK_EVERY` ends. A
+process that opens one short run checks once; one with 1,000 runs closing at once checks
+after the last of them, once (not in the middle of their closes, whose memory would then
+peak with the fold's); one that always holds a live run of the root leaves the fold to the
+readers' listings, as before. After a fold that compacted
 nothing (the files are live writers' summaries, not removable), the next waits for
 :data:`FOLD_AFTER_FILES` more files than that fold saw, so many live writers do not make
 every check read the index; and a process whose own ends since then number half that floor
@@ -75,6 +78,8 @@ class _FoldState:
     ends: int = 0
     floor: int = 0
     ends_at_fold: int = 0  # ``ends`` when the floor was set
+    checked_at: int = 0  # ``ends`` at the last check (0: none yet)
+    live: int = 0  # this process's writers of the root that have not written their end
     folding: bool = False
 
 
@@ -85,15 +90,27 @@ _states: dict[str, _FoldState] = {}
 _states_lock = threading.Lock()
 
 
+def writer_started(root: str) -> None:
+    """A writer of this process began a run's batches on ``root`` (its end comes later)."""
+    with _states_lock:
+        _states.setdefault(root, _FoldState()).live += 1
+
+
 def _due_to_check(root: str) -> _FoldState | None:
     """Counts an end written to ``root``; the root's state, marked folding, when this end
-    should check (never while a fold of it is under way in this process: runs closing
-    together fold once, not once each)."""
+    should check: only once this process holds no other live writer of the root (runs
+    closing together fold once, after the last of them, not in the middle of their
+    closes), then at its first such end and every FOLD_CHECK_EVERY ends; never while a
+    fold of it is under way here."""
     with _states_lock:
         state = _states.setdefault(root, _FoldState())
         state.ends += 1
-        if (state.ends - 1) % FOLD_CHECK_EVERY or state.folding:
+        state.live = max(0, state.live - 1)
+        if state.live or state.folding:
             return None
+        if state.checked_at and state.ends - state.checked_at < FOLD_CHECK_EVERY:
+            return None
+        state.checked_at = state.ends
         state.folding = True
         return state
 

@@ -282,7 +282,7 @@ class FsspecWriter:
     async def _write_batch(self, run_id: str, batch: Batch) -> None:
         found = _KEY_TOKEN.match(batch.key)
         writer = found.group(1) if found else _names.token
-        tally = self._tally(run_id, writer)
+        tally = self._tally(run_id, writer, batches=True)
         await self._load_early(run_id, tally)
         if batch.metadata and "metadata" not in batch.done:
             tag = batch.key or batch.names.setdefault("metadata", _names.new())
@@ -343,11 +343,13 @@ class FsspecWriter:
             # Bounded and never raising: the batch is written whatever the fold does.
             await indexfold.fold_if_due(self._storage, self.root_dir)
 
-    def _tally(self, run_id: str, writer: str) -> _Tally:
+    def _tally(self, run_id: str, writer: str, batches: bool = False) -> _Tally:
         tally = self._tallies.get((run_id, writer))
         if tally is None:
             path = summary_path(self.root_dir, run_id, writer)
             tally = self._tallies[(run_id, writer)] = _Tally(path, writer)
+            if batches:  # a pipeline's writer: its end batch drops the tally (below)
+                indexfold.writer_started(self.root_dir)
         return tally
 
     async def _update_summary(
