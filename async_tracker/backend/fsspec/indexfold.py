@@ -10,10 +10,11 @@ next listing reads them all, and every later scan of the root lists them.
 So a writer, once it has written a run's end (the end batch's summary), folds the index when
 it is due: it counts the index files at the root (their names: a scan on local disk, one
 listing request per 1,000 on object stores) and, when there are :data:`FOLD_AFTER_FILES`
-more than at this process's last fold of that root, runs a reader's listing, which compacts
-by its own rules (``index.compact``): it writes the next checkpoint first, by an atomic
-create-if-absent, and only then removes what that checkpoint folded of writers that ended.
-The count at the root is then the live writers' summaries plus a constant.
+more than at this process's last fold of that root (or its own ends since then made enough
+of them removable, below), runs a reader's listing, which compacts by its own rules
+(``index.compact``): it writes the next checkpoint first, by an atomic create-if-absent, and
+only then removes what that checkpoint folded of writers that ended. The count at the root
+is then the live writers' summaries plus a constant.
 
 Concurrency: a fold is a reader's compaction, so two processes folding one store at once,
 or a fold racing a listing, behave as two readers' compactions do: of two checkpoints
@@ -30,12 +31,11 @@ live writer of the root: at its first such end, then every :data:`FOLD_CHECK_EVE
 process that opens one short run checks once; one with 1,000 runs closing at once checks
 after the last of them, once (not in the middle of their closes, whose memory would then
 peak with the fold's); one that always holds a live run of the root leaves the fold to the
-readers' listings, as before. After a fold that compacted
-nothing (the files are live writers' summaries, not removable), the next waits for
-:data:`FOLD_AFTER_FILES` more files than that fold saw, so many live writers do not make
-every check read the index; and a process whose own ends since then number half that floor
-(and at least :data:`FOLD_AFTER_FILES`) folds again, since those writers' files are now
-removable: over many runs closing in one process, a fold per half as many ends as the root
+readers' listings. After a fold that compacted nothing (the files are live writers'
+summaries, not removable), the next waits for :data:`FOLD_AFTER_FILES` more files than that
+fold saw, so many live writers do not make every check read the index; and a process whose
+own ends since then number half that floor (and at least :data:`FOLD_AFTER_FILES`) folds
+again, since those writers' files are now removable: a fold per half as many ends as the root
 holds files, no more often.
 """
 
@@ -62,7 +62,8 @@ logger = logging.getLogger(__name__)
 # this process's last fold of the store: more than the readers' own threshold to compact
 # (index.COMPACT_AFTER_FILES), so that a fold finds enough to remove to write a checkpoint.
 FOLD_AFTER_FILES = 64
-# Look at the root at a process's first end in a store, then every this many ends.
+# Look at the root at a process's first end in a store that leaves it no live writer there,
+# then every this many ends.
 FOLD_CHECK_EVERY = 16
 # A fold runs in the batch that holds the run's end, before it is acknowledged (the close
 # waits for it): given up past this, as a crash there would leave it.
@@ -71,9 +72,9 @@ FOLD_BUDGET_S = 2.0
 
 @dataclasses.dataclass
 class _FoldState:
-    """What this process knows of one store root: the ends written to it, how many index
-    files its last fold saw (the floor the next fold waits to exceed), and whether a fold of
-    it is under way here."""
+    """What this process knows of one store root: its live writers and the ends written to
+    it, how many index files its last fold saw (the floor the next fold waits to exceed), and
+    whether a fold of it is under way here."""
 
     ends: int = 0
     floor: int = 0
