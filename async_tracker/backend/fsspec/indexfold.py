@@ -23,7 +23,10 @@ checkpoint holding it exists, and only at the version folded (a summary rewritte
 kept); a listing that finds a file gone meanwhile lists again, and reads it from the newer
 checkpoint, so it sees each run once. A fold never fails a write: it is bounded by
 :data:`FOLD_BUDGET_S` (cut short at any step it leaves what a crash there would) and what
-goes wrong is logged at debug level; the next fold, or the next reader, does it.
+goes wrong is logged at debug level; the next fold, or the next reader, does it. Nor does it
+delay one: it runs on the tracker loop beside the closes (``Runtime.background``), not in the
+batch that holds the run's end, so that batch is acknowledged and the close reports at once;
+the process's exit waits for it, within its budget.
 
 Which process checks, and when: each process counts per store root (:class:`_FoldState`)
 its writers that began and the ends they wrote, and checks at an end that leaves it no other
@@ -54,7 +57,7 @@ from async_tracker.backend.fsspec.layout import INDEX_PREFIX
 from async_tracker.backend.fsspec.reader import FsspecReader
 from async_tracker.backend.fsspec.storage import _Storage
 from async_tracker.backend.fsspec.summaries import run_list
-from async_tracker.runtime.process import run_blocking
+from async_tracker.runtime.process import run_blocking, runtime
 
 logger = logging.getLogger(__name__)
 
@@ -65,8 +68,8 @@ FOLD_AFTER_FILES = 64
 # Look at the root at a process's first end in a store that leaves it no live writer there,
 # then every this many ends.
 FOLD_CHECK_EVERY = 16
-# A fold runs in the batch that holds the run's end, before it is acknowledged (the close
-# waits for it): given up past this, as a crash there would leave it.
+# A fold runs beside the closes, on the tracker loop, and the process's exit waits for it:
+# given up past this, as a crash there would leave it.
 FOLD_BUDGET_S = 2.0
 
 
@@ -136,20 +139,26 @@ async def _count(storage: _Storage, root: str) -> int:
     return sum(1 for name in listed if not name.startswith(index.CHECKPOINT_PREFIX))
 
 
-async def fold_if_due(storage: _Storage, root: str) -> bool:
-    """After a writer wrote a run's end: folds the run index of ``root`` if it is due (see
-    the module's docstring). True if it checked and the root then held fewer index files
-    (its fold, or a racing one, removed some). Never raises
-    (but for cancellation)."""
+def fold_soon(storage: _Storage, root: str) -> None:
+    """After a writer wrote a run's end: counts the end and, if a fold of ``root`` is due
+    (see the module's docstring), starts it on the tracker loop, for no close to wait for:
+    the batch is acknowledged and the close reports at once, whatever the fold takes. The
+    process's exit waits for it, within :data:`FOLD_BUDGET_S`
+    (``Runtime.background``)."""
     state = _due_to_check(root)
-    if state is None:
-        return False
+    if state is not None:
+        runtime().background(_fold_bounded, storage, root, state, within_s=FOLD_BUDGET_S)
+
+
+async def _fold_bounded(storage: _Storage, root: str, state: _FoldState) -> bool:
+    """:func:`_fold` within :data:`FOLD_BUDGET_S`, never raising (but for cancellation). True
+    if the root then held fewer index files (this fold, or a racing one, removed some)."""
     try:
         with anyio.move_on_after(FOLD_BUDGET_S):
             return await _fold(storage, root, state)
         logger.debug("async_tracker: the run index of %s not folded within %.1f s",
                      root, FOLD_BUDGET_S)  # fmt: skip
-    except Exception as exc:  # the write it follows succeeded: a reader folds it later
+    except Exception as exc:  # the writes it follows succeeded: a reader folds it later
         logger.debug("async_tracker: the run index of %s not folded: %s: %s",
                      root, type(exc).__name__, exc)  # fmt: skip
     finally:
@@ -181,4 +190,4 @@ async def _fold(storage: _Storage, root: str, state: _FoldState) -> bool:
     return after < count
 
 
-__all__ = ["FOLD_AFTER_FILES", "FOLD_BUDGET_S", "FOLD_CHECK_EVERY", "fold_if_due"]
+__all__ = ["FOLD_AFTER_FILES", "FOLD_BUDGET_S", "FOLD_CHECK_EVERY", "fold_soon", "writer_started"]

@@ -340,8 +340,9 @@ class FsspecWriter:
             self._beats.pop(run_id, None)
             self._claims.pop(run_id, None)
             # Last: this writer's summary says it ended, so a fold may take it off the root.
-            # Bounded and never raising: the batch is written whatever the fold does.
-            await indexfold.fold_if_due(self._storage, self.root_dir)
+            # Started beside, not awaited: the batch is written whatever the fold does, and
+            # its acknowledgement (the close's report) does not wait for it.
+            indexfold.fold_soon(self._storage, self.root_dir)
 
     def _tally(self, run_id: str, writer: str, batches: bool = False) -> _Tally:
         tally = self._tallies.get((run_id, writer))
