@@ -121,33 +121,6 @@ def _decode_json(data: bytes) -> Any:
     return json.loads(data)
 
 
-def _put_local(path: str, data: bytes, stage_dir: str) -> None:
-    """What ``_put_staged`` does through fsspec's local filesystem (a staged write, then an
-    atomic rename into place), through os: each write of a run (segment, summary, status,
-    heartbeat) made its two directories first, a stat each, most of a small write's cost.
-    Here they are made only when the write finds one missing (a run's first write, or a
-    directory removed since), then the write is made again."""
-    tmp = posixpath.join(stage_dir, secrets.token_hex(8))
-    try:
-        try:
-            _write_and_rename(tmp, data, path)
-        except FileNotFoundError:
-            os.makedirs(stage_dir, exist_ok=True)
-            os.makedirs(posixpath.dirname(path), exist_ok=True)
-            _write_and_rename(tmp, data, path)
-    except BaseException:
-        # A full disk may have left part of the file: do not leave it behind.
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-
-
-def _write_and_rename(tmp: str, data: bytes, path: str) -> None:
-    with open(tmp, "wb") as f:
-        f.write(data)
-    os.replace(tmp, path)
-
-
 class _Storage:
     """The handful of operations the tracker needs, as coroutines over any fsspec filesystem.
 
@@ -164,9 +137,6 @@ class _Storage:
         self.endpoint = endpoint  # whose limit its worker threads count against
         # Only filesystems with an atomic rename stage files; an object store PUT is atomic.
         self.stages = isinstance(fs, LocalFileSystem)
-        # fsspec's own local filesystem (not a subclass, which may change what a write does):
-        # written through os directly, a directory made only when a write finds it missing.
-        self._plain_local = type(fs) is LocalFileSystem
 
     async def _call(self, name: str, *args: Any, **kwargs: Any) -> Any:
         if self.is_async:
@@ -204,9 +174,6 @@ class _Storage:
                     self.fs.pipe_file(path, data)
 
     def _put_staged(self, path: str, data: bytes, stage_dir: str) -> None:
-        if self._plain_local:
-            _put_local(path, data, stage_dir)
-            return
         self.fs.makedirs(stage_dir, exist_ok=True)
         self.fs.makedirs(posixpath.dirname(path), exist_ok=True)
         tmp = posixpath.join(stage_dir, secrets.token_hex(8))
