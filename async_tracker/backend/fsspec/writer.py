@@ -282,7 +282,10 @@ class FsspecWriter:
     async def _write_batch(self, run_id: str, batch: Batch) -> None:
         found = _KEY_TOKEN.match(batch.key)
         writer = found.group(1) if found else _names.token
-        tally = self._tally(run_id, writer, batches=True)
+        if (run_id, writer) not in self._tallies:
+            # A pipeline's writer begins here; its end batch drops the tally (below).
+            indexfold.writer_started(self.root_dir)
+        tally = self._tally(run_id, writer)
         await self._load_early(run_id, tally)
         if batch.metadata and "metadata" not in batch.done:
             tag = batch.key or batch.names.setdefault("metadata", _names.new())
@@ -336,21 +339,19 @@ class FsspecWriter:
             batch.life,
         )
         if batch.end is not None:
+            # This writer's summary says it ended, so a fold may take it off the root. Started
+            # beside, not awaited: the batch is written whatever the fold does, and its
+            # acknowledgement (the close's report) does not wait for it.
+            indexfold.fold_soon(self._storage, self.root_dir)
             self._tallies.pop((run_id, writer), None)  # a later life reloads it from the store
             self._beats.pop(run_id, None)
             self._claims.pop(run_id, None)
-            # Last: this writer's summary says it ended, so a fold may take it off the root.
-            # Started beside, not awaited: the batch is written whatever the fold does, and
-            # its acknowledgement (the close's report) does not wait for it.
-            indexfold.fold_soon(self._storage, self.root_dir)
 
-    def _tally(self, run_id: str, writer: str, batches: bool = False) -> _Tally:
+    def _tally(self, run_id: str, writer: str) -> _Tally:
         tally = self._tallies.get((run_id, writer))
         if tally is None:
             path = summary_path(self.root_dir, run_id, writer)
             tally = self._tallies[(run_id, writer)] = _Tally(path, writer)
-            if batches:  # a pipeline's writer: its end batch drops the tally (below)
-                indexfold.writer_started(self.root_dir)
         return tally
 
     async def _update_summary(
