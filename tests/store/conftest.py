@@ -17,3 +17,13 @@ def s3_url(s3_endpoint: str, monkeypatch: pytest.MonkeyPatch) -> str:  # noqa: F
         "client_kwargs": {"endpoint_url": s3_endpoint, "region_name": "us-east-1"},
     })  # fmt: skip
     return f"s3://{make_bucket(s3_endpoint)}/runs"
+
+
+@pytest.fixture
+def no_writer_folds(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Writers do not fold the run index (``indexfold.py``): for tests that count what the
+    readers' own compaction reads, writes and removes."""
+    from async_tracker.backend.fsspec import indexfold
+
+    monkeypatch.setattr(indexfold, "FOLD_AFTER_FILES", 10**9)
+    monkeypatch.setattr(indexfold, "_states", {})

@@ -41,6 +41,9 @@ from async_tracker.settings import CRASHED_AFTER_BEATS
 from async_tracker.store.runs import select
 from async_tracker.store.summary import RunSummary
 
+# The readers' compaction alone: writers' folds (indexfold.py) would compact first.
+pytestmark = pytest.mark.usefixtures("no_writer_folds")
+
 TOKEN = "1795000000000000000xabc123"
 OTHER = "1795000000000000001xdef456"
 

@@ -21,6 +21,9 @@ from async_tracker.runtime.process import runtime
 from async_tracker.store.summary import RunSummary
 from tests.s3_requests import counting
 
+# The readers' compaction alone: writers' folds (indexfold.py) would compact first.
+pytestmark = pytest.mark.usefixtures("no_writer_folds")
+
 pytest.importorskip("s3fs")
 
 TOKEN = "1795000000000000000xabc123"

@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import errno
 import functools
+import inspect
 import json
 import operator
 import os
@@ -376,9 +377,17 @@ async def _gather_bounded(awaitables: Sequence[Awaitable[T]]) -> list[T]:
             except Exception as exc:
                 errors[i] = exc
 
-    async with anyio.create_task_group() as tg:
-        for i, aw in enumerate(awaitables):
-            tg.start_soon(one, i, aw)
+    try:
+        async with anyio.create_task_group() as tg:
+            for i, aw in enumerate(awaitables):
+                tg.start_soon(one, i, aw)
+    finally:
+        # Cancelled (a bounded caller: a writer's fold of the run index), the coroutines not
+        # started yet are closed, not left to warn that they were never awaited; closing
+        # one that ended does nothing, and the group's tasks have all ended here.
+        for aw in awaitables:
+            if inspect.iscoroutine(aw):
+                aw.close()
     if errors:
         raise errors[min(errors)]
     return results

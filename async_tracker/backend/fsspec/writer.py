@@ -44,7 +44,7 @@ from typing import TYPE_CHECKING
 import anyio
 import orjson
 
-from async_tracker.backend.fsspec import index
+from async_tracker.backend.fsspec import index, indexfold
 from async_tracker.backend.fsspec.layout import (
     _DIGEST,
     _KEY_FILE,
@@ -285,6 +285,9 @@ class FsspecWriter:
     async def _write_batch(self, run_id: str, batch: Batch) -> None:
         found = _KEY_TOKEN.match(batch.key)
         writer = found.group(1) if found else _names.token
+        if (run_id, writer) not in self._tallies:
+            # A pipeline's writer begins here; its end batch drops the tally (below).
+            indexfold.writer_started(self.root_dir)
         tally = self._tally(run_id, writer)
         await self._load_early(run_id, tally)
         if batch.metadata and "metadata" not in batch.done:
@@ -338,6 +341,10 @@ class FsspecWriter:
             batch.life,
         )
         if batch.end is not None:
+            # This writer's summary says it ended, so a fold may take it off the root. Started
+            # beside, not awaited: the batch is written whatever the fold does, and its
+            # acknowledgement (the close's report) does not wait for it.
+            indexfold.fold_soon(self._storage, self.root_dir)
             self._tallies.pop((run_id, writer), None)  # a later life reloads it from the store
             self._beats.pop(run_id, None)
             self._claims.pop(run_id, None)
