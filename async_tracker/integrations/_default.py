@@ -24,8 +24,7 @@ from argparse import Namespace
 from collections.abc import Mapping
 from typing import Any, SupportsFloat
 
-from async_tracker.factory import ENV_TORCHX_JOB_ID, UNDEFINED_JOB_ID
-from async_tracker.init_run import init
+from async_tracker.init_run import init, job_run_id
 from async_tracker.records import check_metadata
 from async_tracker.run import AppRun
 from async_tracker.runtime.ending import Ending
@@ -39,17 +38,15 @@ FLUSH_TIMEOUT_S = 30.0
 
 def in_torchx_job() -> bool:
     """Whether the process runs as a torchx job (``TORCHX_JOB_ID`` names its run)."""
-    return os.environ.get(ENV_TORCHX_JOB_ID, UNDEFINED_JOB_ID) not in ("", UNDEFINED_JOB_ID)
+    return job_run_id() is not None
 
 
 def joins_job_run(name: str | None, init_options: Mapping[str, Any]) -> bool:
     """Whether an integration logs to the torchx job's run: inside a job, unless it names a
     run of its own (``name=``, or an ``id=`` other than the job's), which ``init()`` opens as
     a child of the job's run (the rule of one run per ``init()``)."""
-    if not in_torchx_job():
-        return False
-    given = init_options.get("id")
-    return name is None and (given is None or given == os.environ[ENV_TORCHX_JOB_ID])
+    job_id = job_run_id()  # init()'s own reading of the job's environment
+    return job_id is not None and name is None and init_options.get("id") in (None, job_id)
 
 
 class RunHandle:
