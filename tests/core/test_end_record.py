@@ -83,7 +83,10 @@ def test_a_backend_that_cannot_take_the_end_keeps_it_spooled_then_gets_it(
 ) -> None:
     store = InMemoryTracker(name="s")
     down = FaultyTracker(store, name="s").always("end_run", backend_down())
-    run = make_run("r", [down], spool_dir=str(tmp_path))
+    # durable: every batch, the end record included, is on disk before its delivery is
+    # tried, so that the end is spooled whatever share of a loaded machine the close's last
+    # moments get (the close writes leftovers only within its grace).
+    run = make_run("r", [down], spool_dir=str(tmp_path), durable=True)
     for step in range(5):
         run.log_metric("loss", float(step), step=step)
     report = run.close(timeout=1, reason="killed")

@@ -20,9 +20,10 @@ from tests.core.helpers import Child
 pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="POSIX processes and signals")
 
 # argv: the store, the mode. Says "ready" once it has logged, then waits for the test's signal
-# (reading stdin: the signal interrupts the read).
+# in short sleeps: Python runs a signal's handler between bytecodes, so a signal that lands
+# just before a blocking call that never returns (a read of stdin) would never be handled.
 SCRIPT = """
-import asyncio, signal, sys
+import asyncio, signal, sys, time
 # Ctrl-C as in a terminal, whatever this process inherited: a child started in the background
 # by a shell without job control has SIGINT ignored, and Python then keeps it ignored.
 signal.signal(signal.SIGINT, signal.default_int_handler)
@@ -32,7 +33,8 @@ store, mode = sys.argv[1], sys.argv[2]
 
 def ready():
     print("ready", flush=True)
-    sys.stdin.readline()
+    while True:
+        time.sleep(0.05)
 
 if mode == "handler-exits":
     # A SIGTERM handler of the user's that exits cleanly: the SIGTERM still ended the run.
