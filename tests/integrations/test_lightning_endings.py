@@ -69,7 +69,8 @@ class Waits(pl.Callback):
         if batch_idx == 1:
             print("ready", flush=True)
             if mode == "ctrl-c":
-                sys.stdin.readline()  # the SIGINT interrupts it: KeyboardInterrupt
+                while True:  # sleeps (a SIGINT before a blocking read would never be handled): the
+                    time.sleep(0.05)  # SIGINT interrupts one: KeyboardInterrupt
             else:
                 while not trainer.received_sigterm:  # Lightning's handler sets it
                     time.sleep(0.01)

@@ -277,7 +277,7 @@ def test_a_resumed_training_with_a_run_of_its_own_keeps_it(tmp_path: Path, store
 # argv[2]: "model" (the model's forward raises at the third step), "interrupt" (says "ready" at
 # the second step's end and waits for the test's SIGINT, a Ctrl-C).
 DOES_NOT_END = """
-import signal, sys
+import signal, sys, time
 # Ctrl-C as in a terminal, whatever this process inherited: a job started in the background
 # by a shell without job control has SIGINT ignored, and Python then keeps it ignored.
 signal.signal(signal.SIGINT, signal.default_int_handler)
@@ -290,7 +290,8 @@ class WaitsForCtrlC(TrainerCallback):
     def on_step_end(self, args, state, control, **kwargs):
         if state.global_step == 2:
             print("ready", flush=True)
-            sys.stdin.readline()  # the SIGINT interrupts it: KeyboardInterrupt
+            while True:  # sleeps (a SIGINT before a blocking read would never be handled): the
+                time.sleep(0.05)  # SIGINT interrupts one: KeyboardInterrupt
 
 store, mode = Path(sys.argv[1]), sys.argv[2]
 callback = AsyncTrackerCallback(project="bert", dir=str(store))
