@@ -84,7 +84,14 @@ def test_ctrl_c_ends_the_run_killed(tmp_path: Path, child: Start, mode: str, cau
     # Python ends a process on an uncaught KeyboardInterrupt by SIGINT, after its exit hooks.
     assert job.wait(60) == -signal.SIGINT, job.stderr()
     run = the_run(root)
-    assert (run.status, run.cause) == ("killed", cause)
+    assert run.status == "killed"
+    if mode == "asyncio" and sys.version_info < (3, 11):
+        # Before 3.11 asyncio.run has no SIGINT handler: the KeyboardInterrupt is raised in
+        # whatever the loop runs when the signal lands. In the task's own step the block sees
+        # it; in the loop's select, asyncio.run's clean-up cancels the task instead.
+        assert run.cause in ("KeyboardInterrupt", cause)
+    else:
+        assert run.cause == cause
     assert run.metrics["loss"].count == 1
 
 
