@@ -12,7 +12,8 @@ records from reaching the disk:
   and, once it is done, has the log persist the ack (the head's ``seq``) when the entry is on
   disk;
 * the log's spiller writes runs of memory entries to new segments: ahead of delivery when
-  durable, behind a failing backend, or past the memory bound (then it drops the memory copy).
+  durable, with a failing backend between rounds, or past the memory bound (then it drops
+  the memory copy).
 
 Failures (:func:`~async_tracker.errors.classify`): transient ones are retried with backoff;
 a failure of the backend ends the round at once; after a round the lane pauses (``cooldown_s``,
@@ -458,9 +459,13 @@ class Lane:
         return False
 
     async def _pause(self, kind: str) -> None:
-        """The end of a failed round: spill what waits behind the head, tell the flushes
+        """The end of a failed round: spill the head and what waits behind it, tell the flushes
         waiting for us, and wait a cooldown (or for a kick) before the next round."""
         self.parks += 1
+        # Between rounds nothing writes the head: it goes to disk with what waits behind it.
+        # Kept in memory, it would wait for a close's last moment (its grace, where a loaded
+        # machine may not give it the time), and a crash during a long outage would lose it.
+        self.log.in_flight = None
         self.log.set_paused(True)
         self._signal_progress()
         if self.deadline is None:

@@ -15,7 +15,7 @@ disk, never their order.
 The log has one task of its own, the spiller (:meth:`BatchLog.spill_forever`), on the tracker
 loop beside its reader, so that a backend hung in a write never keeps records from reaching
 the disk: it writes runs of memory entries to new segments: ahead of delivery when durable,
-behind a failing backend (:attr:`BatchLog.paused`), or past the memory bound (then it drops
+with a failing backend (:attr:`BatchLog.paused`), or past the memory bound (then it drops
 the memory copy). When the reader is done with the head (:meth:`BatchLog.complete`), the ack
 (the head's ``seq``) is persisted when the entry is on disk, and segments no longer needed
 are removed.
@@ -147,7 +147,8 @@ class BatchLog:
         self.acked = -1  # our own high-water mark (in memory)
         self.adopting = True  # the dead pipelines' segments are not in the log yet
         # Set by the reader: the entry it is writing (never evicted, never spilled unless
-        # durable), and whether it paused after a failed round (then what waits goes to disk).
+        # durable), and whether it paused after a failed round (then the head, no longer in
+        # flight, and what waits behind it go to disk).
         self.in_flight: Entry | None = None
         self.paused = False
         self.overloaded = False  # the run asks for memory to go to disk
@@ -218,8 +219,8 @@ class BatchLog:
                 self._spill.set()
 
     def set_paused(self, paused: bool) -> None:
-        """The reader paused after a failed round (or resumed): while paused, what waits
-        behind the head goes to disk."""
+        """The reader paused after a failed round (or resumed): while paused, the head (no
+        longer in flight) and what waits behind it go to disk."""
         self.bind()
         self.paused = paused
         if paused:

@@ -145,10 +145,11 @@ def test_backend_down_past_the_retry_budget_spools_then_recovers(tmp_path: Path)
         for i in range(10):
             run.log_metric("m", float(i), step=batch * 10 + i)
         run.flush()  # each: a new batch; the first exhausts its retries and parks the lane
-    wait_until(lambda: run.status().backends["files"].spooled == 40)
+    # Between rounds the batch being retried goes to disk too: all of it is there.
+    wait_until(lambda: run.status().backends["files"].spooled == 50)
     s = run.status().backends["files"]
     assert not s.healthy and "down" in (s.last_error or "")
-    assert s.in_flight == 10  # the batch being retried stays in memory
+    assert s.in_flight == 0
     assert segments(tmp_path / "spool")
     down.heal()
     report = run.flush(30)  # kicks the parked lane
