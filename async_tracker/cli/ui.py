@@ -30,7 +30,10 @@ def cmd_ui(args: argparse.Namespace) -> int:
         # The store is first read on the first request (its errors go to the page); what
         # fails here is the address (a port taken, a host not ours).
         preload = PRELOAD_POINTS if args.preload is None else args.preload
-        server.serve(host=args.host, port=args.port, reader=reader, preload=preload)
+        server.serve(host=args.host, port=args.port, reader=reader, preload=preload,
+                     allow_hosts=args.allow_host, token=args.token)  # fmt: skip
+    except server.ServeError as exc:
+        raise CliError(f"cannot serve: {exc}") from exc
     except OSError as exc:
         raise CliError(f"cannot serve on {args.host}:{args.port}: {exc.strerror or exc}") from exc
     return 0
@@ -46,9 +49,27 @@ def register(
         description="Serves a live dashboard of the store's runs on a local port, until "
         "Ctrl-C. Prints its URL first. Read-only.",
     )
-    p.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1)")
     p.add_argument(
-        "--port", type=int, default=6070, help="port to bind (default: 6070; 0: a free one)"
+        "--host", default="127.0.0.1",
+        help="address to bind (default: 127.0.0.1; 0.0.0.0: every interface, with a token)",
+    )  # fmt: skip
+    p.add_argument(
+        "--port", type=int, default=6070,
+        help="port to bind (default: 6070; 0, or a port in use: a free one, printed)",
+    )  # fmt: skip
+    p.add_argument(
+        "--allow-host",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="a host name the dashboard answers to, beside IP addresses and localhost (a "
+        "reverse proxy's or a tunnel's; repeatable; '*': any). Other names are refused, so "
+        "that no web page can read your runs by DNS rebinding",
+    )
+    p.add_argument(
+        "--token",
+        help="the token every request must carry (in the URL once, then a cookie; or an "
+        "'Authorization: token ...' header). Off the loopback one is generated if not given",
     )
     p.add_argument(
         "--preload",

@@ -15,7 +15,15 @@ Endpoints (every answer is JSON; an error is ``{"error": "one line"}`` with its 
 
 Errors: an unknown run is 404, a filter that does not parse 400 with the parser's one-line
 message (where it went wrong, what was expected), a bad parameter 400, a store that cannot
-be read 503 naming the store and why. Never a traceback page.
+be read 503 naming the store and why. Never a traceback page, and never the store's absolute
+path (the store is named by its last part).
+
+Limits (one request must not cost the server much, whoever sends it: a page of another site
+can): a query string of at most ``MAX_QUERY_BYTES``; ``/api/series`` takes each run and
+metric once (repeats are dropped), at most ``MAX_SERIES_RUNS`` runs, and answers at most
+``MAX_SERIES_POINTS`` points (series times the points of the width: checked before reading);
+past a limit, 400 naming it. The guard in front of it all (Host, token, headers) is
+:mod:`async_tracker.ui.guard`.
 """
 
 from __future__ import annotations
@@ -23,12 +31,14 @@ from __future__ import annotations
 import functools
 import json
 import math
+import os
 from collections.abc import Callable
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 import orjson
 from starlette.applications import Starlette
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import FileResponse, Response
 from starlette.routing import Mount, Route
@@ -44,9 +54,15 @@ from async_tracker.store.downsample import (
 )
 from async_tracker.store.expr import FilterError
 from async_tracker.store.summary import MetricSummary, RunSummary
+from async_tracker.ui.guard import Access, Guard
 from async_tracker.ui.live import LiveStore, UnknownRunError
 
 STATIC_DIR = Path(__file__).resolve().parent / "static"
+
+# The limits of one request (see the module's text).
+MAX_QUERY_BYTES = 16_384
+MAX_SERIES_RUNS = 200
+MAX_SERIES_POINTS = 2_000_000
 
 
 class BadRequestError(ValueError):
@@ -71,28 +87,57 @@ def _error(status: int, message: str) -> Response:
 Endpoint = Callable[[LiveStore, Request], object]
 
 
+def store_name(label: str) -> str:
+    """How answers name the store: ``label`` (``store /home/me/runs``, ``store
+    s3://bucket/runs``) with a local path cut to its last part (``store runs``), so that no
+    answer shows where the store lies on disk."""
+    kind, _, where = label.partition(" ")
+    if not where.startswith("/") and not where.startswith("file://"):
+        return label
+    last = PurePosixPath(where.removeprefix("file://").rstrip("/")).name or "/"
+    return f"{kind} {last}"
+
+
+def _scrub(message: str, live: LiveStore) -> str:
+    """``message`` with the store's absolute path replaced by its name (errors of the
+    filesystem name the files they failed on)."""
+    where = live.label.partition(" ")[2].removeprefix("file://").rstrip("/")
+    if not where or "://" in where:
+        return message  # not a local path (an object store, a tracker)
+    name = PurePosixPath(where).name or "/"
+    # The longest first: the absolute path holds the relative one the user gave.
+    for root in sorted({os.path.abspath(where), where}, key=len, reverse=True):
+        if root.startswith("/"):
+            message = message.replace(f"file://{root}", name).replace(root, name)
+    return message
+
+
 def _api(live: LiveStore, endpoint: Endpoint) -> Callable[[Request], Response]:
     """A plain (blocking) endpoint: Starlette runs it in a worker thread. Its errors become
-    one-line JSON answers here, at one boundary."""
+    one-line JSON answers here, at one boundary, without the store's absolute path."""
 
     @functools.wraps(endpoint)
     def handle(request: Request) -> Response:
         try:
+            if len(request.scope.get("query_string", b"")) > MAX_QUERY_BYTES:
+                raise BadRequestError(
+                    f"the query is longer than the limit of {MAX_QUERY_BYTES} bytes"
+                )
             return json_response(endpoint(live, request))
         except UnknownRunError as exc:
-            return _error(404, str(exc))
+            return _error(404, _scrub(str(exc), live))
         except FilterError as exc:
             # Its first line says where and what was expected; the rest repeats the text.
             return _error(400, str(exc).splitlines()[0])
         except BadRequestError as exc:
             return _error(400, str(exc))
         except ReadTimeoutError as exc:
-            return _error(503, str(exc))
+            return _error(503, _scrub(str(exc), live))
         except (BackendError, OSError) as exc:
             reason = " ".join(str(exc).split()) or type(exc).__name__
-            return _error(503, f"cannot read the {live.label}: {reason[:300]}")
+            return _error(503, _scrub(f"cannot read the {live.label}: {reason[:300]}", live))
         except Exception as exc:  # a bug of ours: still one line, never a traceback page
-            return _error(500, f"internal error: {type(exc).__name__}: {exc}")
+            return _error(500, _scrub(f"internal error: {type(exc).__name__}: {exc}", live))
 
     return handle
 
@@ -142,7 +187,7 @@ def _runs(live: LiveStore, request: Request) -> object:
         "ids": changes.ids,
         "differ": changes.differ,
         "total": changes.total,
-        "store": live.label,
+        "store": store_name(live.label),
     }
 
 
@@ -154,15 +199,28 @@ def _run(live: LiveStore, request: Request) -> object:
 
 def _series(live: LiveStore, request: Request) -> object:
     q = request.query_params
-    runs = q.getlist("run")
+    runs = list(dict.fromkeys(q.getlist("run")))  # each once, in order
     if not runs:
         raise BadRequestError("give at least one run: ?run=ID")
-    metrics = q.getlist("metric") or None
+    if len(runs) > MAX_SERIES_RUNS:
+        raise BadRequestError(
+            f"{len(runs)} runs asked for: the limit is {MAX_SERIES_RUNS} runs a request"
+        )
+    metrics = list(dict.fromkeys(q.getlist("metric"))) or None
     axis = q.get("x", "step")
     if axis not in ("step", "time"):
         raise BadRequestError(f"x must be step or time, got {axis!r}")
     width = clamp_width(_int(q.get("width", str(DEFAULT_WIDTH)), "width"))
     xmin, xmax = _float(q.get("xmin"), "xmin"), _float(q.get("xmax"), "xmax")
+    # The most the answer can hold, from the summaries, before any point is read.
+    count = sum(
+        len(metrics) if metrics is not None else len(live.summary(r).metrics) for r in runs
+    )
+    if count * max_points(width) > MAX_SERIES_POINTS:
+        raise BadRequestError(
+            f"{count} series of up to {max_points(width)} points asked for: the limit is "
+            f"{MAX_SERIES_POINTS:,} points a request (fewer runs or metrics, or a smaller width)"
+        )
     series = []
     for run_id in runs:
         whole = xmin is None and xmax is None
@@ -200,8 +258,9 @@ def _index(request: Request) -> Response:
     return FileResponse(STATIC_DIR / "index.html", headers={"Cache-Control": "no-cache"})
 
 
-def create_app(live: LiveStore) -> Starlette:
-    """The dashboard over ``live`` (one :class:`~async_tracker.ui.live.LiveStore`)."""
+def create_app(live: LiveStore, access: Access | None = None) -> Starlette:
+    """The dashboard over ``live`` (one :class:`~async_tracker.ui.live.LiveStore`), behind
+    the guard of ``access`` (default: loopback names and IP literals, no token)."""
     routes = [
         Route("/", _index),
         Route("/api/runs", _api(live, _runs)),
@@ -209,7 +268,18 @@ def create_app(live: LiveStore) -> Starlette:
         Route("/api/series", _api(live, _series)),
         Mount("/static", StaticFiles(directory=STATIC_DIR), name="static"),
     ]
-    return Starlette(routes=routes)
+    guard = Middleware(Guard, access=access if access is not None else Access())
+    return Starlette(routes=routes, middleware=[guard])
 
 
-__all__ = ["STATIC_DIR", "BadRequestError", "create_app", "json_response", "run_json"]
+__all__ = [
+    "MAX_QUERY_BYTES",
+    "MAX_SERIES_POINTS",
+    "MAX_SERIES_RUNS",
+    "STATIC_DIR",
+    "BadRequestError",
+    "create_app",
+    "json_response",
+    "run_json",
+    "store_name",
+]

@@ -2,22 +2,32 @@
 
 from __future__ import annotations
 
+import errno
 import ipaddress
 import os
+import re
+import secrets
 import socket
 import sys
 import threading
+from collections.abc import Sequence
 
 from async_tracker.adapters import TrackerLike
 from async_tracker.base import AsyncTrackerBase
 from async_tracker.store.open import open_reader
 from async_tracker.store.sync_reader import Reader
 from async_tracker.ui.app import create_app
+from async_tracker.ui.guard import Access, is_loopback
 from async_tracker.ui.live import PRELOAD_POINTS, LiveStore
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 6070
-LOOPBACK = frozenset({"127.0.0.1", "::1", "localhost"})
+# What a token may hold: it travels in a URL, a header and a cookie unescaped.
+TOKEN_CHARS = re.compile(r"[A-Za-z0-9._~-]{8,256}")
+
+
+class ServeError(ValueError):
+    """An address or a token the dashboard cannot serve with."""
 
 
 def serve(
@@ -30,6 +40,8 @@ def serve(
     refresh_s: float | None = None,
     preload: int = PRELOAD_POINTS,
     timeout: float | None = None,
+    allow_hosts: Sequence[str] = (),
+    token: str | None = None,
 ) -> None:
     """Serves the dashboard of ``store`` (a path or fsspec URL; default
     ``$ASYNC_TRACKER_DIR``, else ``./tracker_runs``), or of ``tracker`` (any backend: a
@@ -42,29 +54,49 @@ def serve(
         import async_tracker.ui
         async_tracker.ui.serve("s3://bucket/runs", port=8080)
 
-    Binding anything but the loopback prints a warning: the dashboard has no login, and
-    whoever reaches the address reads every run. ``refresh_s``: how often the run list is
+    Safe by default (see :mod:`async_tracker.ui.guard`): requests whose ``Host`` is not an
+    IP literal, a loopback name or one of ``allow_hosts`` (``"*"``: any) are refused, so
+    that no page of another site reads the runs through DNS rebinding. Bound off the
+    loopback, every request must carry a token: ``token``, else one generated and printed in
+    the URL (a ``token`` given on the loopback is required there too). A busy ``port`` is
+    replaced by a free one, said on stderr. ``refresh_s``: how often the run list is
     read again at most (default: 0.5 s, 5 s for a backend without run summaries).
     ``preload``: the points of the newest runs to read in the background as the server
     starts, so that the first charts come from memory (0: none)."""
     import uvicorn
 
+    if not host.strip():
+        raise ServeError("give an address to serve on: 127.0.0.1 (this machine), or 0.0.0.0 "
+                         "(every interface, with a token)")  # fmt: skip
+    if token is not None and not TOKEN_CHARS.fullmatch(token):
+        raise ServeError("a token is 8 to 256 of the characters A-Z a-z 0-9 . _ ~ -")
+    if token is None and not is_loopback(host):
+        token = secrets.token_urlsafe(24)
     if reader is None:
         reader = open_reader(tracker if tracker is not None else store, timeout=timeout)
     live = LiveStore(reader, refresh_s=refresh_s)
-    if host not in LOOPBACK:
+    sock = _bind(host, port)
+    bound = sock.getsockname()[1]
+    if port not in (0, bound):
+        print(f"port {port} is busy: serving on port {bound} instead (--port picks one)",
+              file=sys.stderr, flush=True)  # fmt: skip
+    query = f"?token={token}" if token is not None else ""
+    # The first line on stdout is a URL that works from this machine; a wildcard bind's own
+    # address is not one a browser opens.
+    wildcard = {"0.0.0.0": "127.0.0.1", "::": "[::1]"}
+    name = wildcard.get(host) or (f"[{host}]" if ":" in host else host)
+    print(f"http://{name}:{bound}/{query}", flush=True)
+    if not is_loopback(host):
         print(
-            f"WARNING: serving on {host}, not the loopback: anyone who can reach this address "
-            "reads every run of the store (there is no login). Use --host 127.0.0.1 unless "
-            "you mean it.",
+            f"serving on {host}, not only this machine: every request needs the token "
+            f"(from other machines: http://{socket.gethostname()}:{bound}/{query})",
             file=sys.stderr,
             flush=True,
         )
-    sock = _bind(host, port)
-    shown = sock.getsockname()[1]
-    name = f"[{host}]" if ":" in host else host
-    print(f"http://{name}:{shown}/", flush=True)
-    config = uvicorn.Config(create_app(live), log_level="warning", access_log=False, lifespan="off")
+    access = Access.for_bind(host, bound, allow_hosts, token)
+    config = uvicorn.Config(
+        create_app(live, access), log_level="warning", access_log=False, lifespan="off"
+    )
     server = uvicorn.Server(config)
     # A daemon thread: it only reads, and Ctrl-C must not wait for it. It checks `stop`
     # between runs, so it ends within one run's read once the server is done.
@@ -86,7 +118,8 @@ def serve(
 
 def _bind(host: str, port: int) -> socket.socket:
     """A listening socket on ``host:port``, bound before the URL is printed (so that the
-    URL names the port a free-port request got, and is served once a client reads it)."""
+    URL names the port a free-port request got, and is served once a client reads it). A
+    port in use gives a free one instead (the caller says so)."""
     try:
         family = socket.AF_INET6 if ipaddress.ip_address(host).version == 6 else socket.AF_INET
     except ValueError:  # a name: localhost
@@ -94,7 +127,12 @@ def _bind(host: str, port: int) -> socket.socket:
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
-        sock.bind((host, port))
+        try:
+            sock.bind((host, port))
+        except OSError as exc:
+            if exc.errno != errno.EADDRINUSE or port == 0:
+                raise
+            sock.bind((host, 0))
         sock.listen(128)
     except OSError:
         sock.close()
@@ -103,4 +141,4 @@ def _bind(host: str, port: int) -> socket.socket:
     return sock
 
 
-__all__ = ["DEFAULT_HOST", "DEFAULT_PORT", "serve"]
+__all__ = ["DEFAULT_HOST", "DEFAULT_PORT", "ServeError", "serve"]

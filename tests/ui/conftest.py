@@ -81,6 +81,14 @@ run.close(30)
 """
 
 
+def local_client(app: Any) -> Any:
+    """Starlette's test client as a browser on this machine asks: ``Host: 127.0.0.1`` (its
+    default, ``testserver``, is a name the dashboard's guard refuses)."""
+    from starlette.testclient import TestClient
+
+    return TestClient(app, base_url="http://127.0.0.1")
+
+
 def start_live(root: Path, spool: Path, run_id: str, heartbeat_s: float = 30.0) -> Child:
     job = Child(LIVE, str(root), str(spool), run_id, str(heartbeat_s))
     assert job.readline(60) == "ready", job.dump()
@@ -127,9 +135,9 @@ def _browser_paths() -> tuple[str, str] | None:
     return (browser, driver) if browser and driver else None
 
 
-@pytest.fixture(scope="session")
-def browser() -> Iterator[Any]:
-    """Headless Chromium at 1400x900, driven by selenium (one for the session)."""
+def start_chromium(*args: str) -> Any:
+    """Headless Chromium at 1400x900, driven by selenium, with its console kept (for
+    ``get_log("browser")``); ``args``: more switches. Skips without the browser."""
     webdriver = pytest.importorskip("selenium.webdriver")
     from selenium.webdriver.chrome.service import Service
 
@@ -142,10 +150,18 @@ def browser() -> Iterator[Any]:
     options = webdriver.ChromeOptions()
     options.binary_location = paths[0]
     for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage",
-                "--window-size=1400,900", "--disable-gpu", "--hide-scrollbars"):  # fmt: skip
+                "--window-size=1400,900", "--disable-gpu", "--hide-scrollbars", *args):  # fmt: skip
         options.add_argument(arg)
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
     driver = webdriver.Chrome(options=options, service=Service(paths[1]))
     driver.set_window_size(1400, 900)
+    return driver
+
+
+@pytest.fixture(scope="session")
+def browser() -> Iterator[Any]:
+    """Headless Chromium (one for the session)."""
+    driver = start_chromium()
     try:
         yield driver
     finally:

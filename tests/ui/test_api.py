@@ -3,6 +3,7 @@ written by real runs: each endpoint, live changes after a cursor, and bad input.
 
 from __future__ import annotations
 
+import json
 import threading
 from pathlib import Path
 from typing import Any
@@ -24,14 +25,14 @@ from async_tracker.ui.app import create_app
 from async_tracker.ui.live import LiveStore
 from tests.core.helpers import Child
 from tests.faulty import FaultyTracker, backend_down
-from tests.ui.conftest import CONFIGS, STEPS, loss, start_live
+from tests.ui.conftest import CONFIGS, STEPS, local_client, loss, start_live
 
 pytestmark = pytest.mark.server
 
 
 def client_for(root: Path, refresh_s: float = 0.0) -> tuple[TestClient, LiveStore]:
     live = LiveStore(open_reader(root), refresh_s=refresh_s)
-    return TestClient(create_app(live)), live
+    return local_client(create_app(live)), live
 
 
 def ok(response: Any) -> Any:
@@ -181,7 +182,8 @@ def test_unknown_runs_are_404_with_a_clear_message(store: Path) -> None:
     for path in ("/api/runs/nope", "/api/series?run=nope"):
         response = client.get(path)
         assert response.status_code == 404
-        assert response.json() == {"error": f"no run 'nope' in the store {store}"}
+        # The store named by its last part: no answer shows where it lies on disk.
+        assert response.json() == {"error": f"no run 'nope' in the store {store.name}"}
 
 
 @pytest.mark.parametrize(
@@ -201,7 +203,7 @@ def test_bad_series_parameters_are_400(store: Path, query: str, message: str) ->
 
 def test_a_store_that_cannot_be_read_is_503_naming_it() -> None:
     tracker = as_sync(FaultyTracker().always("run_ids", action=backend_down("disk on fire")))
-    client = TestClient(create_app(LiveStore(open_reader(tracker, label="store s3://gone"))))
+    client = local_client(create_app(LiveStore(open_reader(tracker, label="store s3://gone"))))
     response = client.get("/api/runs")
     assert response.status_code == 503
     error = response.json()["error"]
@@ -252,7 +254,7 @@ def test_a_tensorboard_folder_is_read_through_the_tracker_api(tmp_path: Path) ->
     assert run.close(30).ok
     live = LiveStore(open_reader(TensorBoardTracker(str(tmp_path / "tb"))))
     assert live.refresh_s == 5.0  # read run by run: less often
-    client = TestClient(create_app(live))
+    client = local_client(create_app(live))
     (listed,) = ok(client.get("/api/runs"))["runs"]
     assert listed["id"] == "tb/1" and listed["status"] == "finished"
     assert listed["params"] == {"lr": 0.1} and listed["metrics"]["loss"]["count"] == 50
@@ -262,7 +264,7 @@ def test_a_tensorboard_folder_is_read_through_the_tracker_api(tmp_path: Path) ->
 
 def test_points_kept_are_bounded_and_dropped_with_their_run(store: Path) -> None:
     live = LiveStore(open_reader(store), refresh_s=0.0, max_points=400)
-    client = TestClient(create_app(live))
+    client = local_client(create_app(live))
     ok(client.get("/api/series", params={"run": "base/a"}))  # 360 points
     ok(client.get("/api/series", params={"run": "base/b"}))  # 720 in all: base/a dropped
     assert list(live._points) == ["base/b"]
@@ -290,7 +292,7 @@ def test_preload_reads_the_newest_runs_within_its_budget_and_stops_when_told(
     live.preload(threading.Event(), budget=720)  # two runs of 360 points
     assert reads == ["base/c", "base/b"] and live.held_points() == 720
     # Their charts come from memory; the run left out is read when asked for.
-    client = TestClient(create_app(live))
+    client = local_client(create_app(live))
     (series,) = ok(client.get("/api/series", params={"run": "base/c", "metric": "loss"}))[
         "series"
     ]
@@ -303,3 +305,77 @@ def test_preload_reads_the_newest_runs_within_its_budget_and_stops_when_told(
     other = LiveStore(open_reader(store), refresh_s=0.0)
     other.preload(stopped)
     assert other.held_points() == 0
+
+
+def test_series_take_each_run_once_and_answer_400_past_their_limits(
+    store: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from async_tracker.ui import app as app_module
+
+    client, _ = client_for(store)
+    # The same run named 1,000 times (a 20 KB URL): read and sent once.
+    data = ok(client.get("/api/series?" + "&".join(["run=base/a"] * 1000)))
+    assert sorted(s["metric"] for s in data["series"]) == ["acc", "loss", "system/cpu_percent"]
+    names = "&".join(f"run=r{i}" for i in range(app_module.MAX_SERIES_RUNS + 1))
+    response = client.get("/api/series?" + names)
+    assert response.status_code == 400
+    assert response.json() == {"error": "201 runs asked for: the limit is 200 runs a request"}
+    response = client.get("/api/series?run=" + "x" * app_module.MAX_QUERY_BYTES)
+    assert response.status_code == 400
+    assert "longer than the limit of 16384 bytes" in response.json()["error"]
+    # Points: counted from the summaries before any is read (3 runs x 3 metrics here).
+    monkeypatch.setattr(app_module, "MAX_SERIES_POINTS", 9 * max_points(100))
+    ok(client.get("/api/series?run=base/a&run=base/b&run=base/c&width=100"))
+    response = client.get("/api/series?run=base/a&run=base/b&run=base/c&width=101")
+    assert response.status_code == 400
+    assert response.json()["error"] == (
+        f"9 series of up to {max_points(101)} points asked for: the limit is "
+        f"{9 * max_points(100):,} points a request (fewer runs or metrics, or a smaller width)"
+    )
+
+
+def test_no_answer_shows_where_the_store_lies(store: Path, tmp_path: Path) -> None:
+    client, _ = client_for(store)
+    data = ok(client.get("/api/runs"))
+    assert data["store"] == f"store {store.name}"
+    assert str(tmp_path) not in json.dumps(data)
+    # A read that fails naming the path, as the filesystem's errors do: the answer names
+    # the store by its last part.
+    failing = backend_down(f"cannot open {store}/index.parquet")
+    tracker = as_sync(FaultyTracker().always("run_ids", action=failing))
+    for label in (f"store {store}", f"store file://{store}"):
+        client = local_client(create_app(LiveStore(open_reader(tracker, label=label))))
+        response = client.get("/api/runs")
+        assert response.status_code == 503, response.text
+        assert str(tmp_path) not in response.text
+        assert response.json()["error"].startswith("cannot read the store runs: ")
+        assert "cannot open runs/index.parquet" in response.text
+
+
+def test_a_token_is_required_on_every_path_when_set(store: Path) -> None:
+    from async_tracker.ui.guard import Access
+
+    client = local_client(create_app(LiveStore(open_reader(store)), Access(token="t0ken-0123")))
+    for path in ("/", "/static/app.js", "/api/runs", "/api/runs/base/a", "/api/series?run=x"):
+        response = client.get(path)
+        assert response.status_code == 403, path
+        assert "needs its token" in response.json()["error"]
+    assert client.get("/api/runs", headers={"Authorization": "Bearer t0ken-0123"}).status_code \
+        == 200
+    assert client.get("/api/runs", headers={"Authorization": "token wrong"}).status_code == 403
+    page = client.get("/?token=t0ken-0123")
+    assert page.status_code == 200 and "t0ken-0123" in page.headers["set-cookie"]
+    # The test client keeps the cookie, as the browser does for the page's own requests.
+    assert client.get("/api/runs").status_code == 200
+
+
+def test_every_answer_carries_the_security_headers(store: Path) -> None:
+    client, _ = client_for(store)
+    for path in ("/", "/static/app.js", "/api/runs", "/api/runs/nope"):
+        headers = client.get(path).headers
+        csp = headers["content-security-policy"]
+        assert "default-src 'self'" in csp and "frame-ancestors 'none'" in csp, path
+        assert headers["x-content-type-options"] == "nosniff"
+        assert headers["x-frame-options"] == "DENY"
+        assert headers["referrer-policy"] == "no-referrer"
+    assert client.get("/api/runs", headers={"Host": "evil.example"}).status_code == 403

@@ -249,7 +249,7 @@ def test_the_run_page_shows_params_artifacts_delivery_and_charts(
         unknown = browser.execute_script(
             "return fetch('/api/runs/nope').then(r => r.json().then(b => [r.status, b]))"
         )
-        assert unknown == [404, {"error": f"no run 'nope' in the store {store}"}]
+        assert unknown == [404, {"error": f"no run 'nope' in the store {store.name}"}]
     finally:
         browser.get("about:blank")
         job.proc.stdin.close()  # type: ignore[union-attr]
@@ -335,3 +335,31 @@ def test_the_view_is_kept_in_the_url_across_a_reload_and_a_runs_page(page: Any) 
     until(page, lambda: "run/" in page.current_url, "the run page again")
     page.back()
     until(page, restored, "the view after the back button")
+
+
+def test_dns_rebinding_reads_nothing_and_the_page_breaks_no_policy(
+    browser: Any, ui_server: UiServer
+) -> None:
+    # The attack as a browser lives it: a name of the attacker's that now resolves to the
+    # loopback (the resolver rule stands in for the rebinding), its page same-origin with
+    # the dashboard's port. Every request it makes carries that name: refused.
+    from tests.ui.conftest import start_chromium
+
+    port = ui_server.url.rstrip("/").rsplit(":", 1)[1]
+    rebound = start_chromium("--host-resolver-rules=MAP evil.example 127.0.0.1")
+    try:
+        rebound.get(f"http://evil.example:{port}/api/runs")
+        body = rebound.find_element(By.TAG_NAME, "body").text
+        assert "is not allowed" in body and '"runs"' not in body
+        rebound.get(f"http://evil.example:{port}/")
+        assert "is not allowed" in rebound.find_element(By.TAG_NAME, "body").text
+        # The same browser through the loopback's address: served, and what the page loads
+        # and draws breaks nothing of its Content-Security-Policy.
+        rebound.get(ui_server.url)
+        until(rebound, lambda: len(rows(rebound)) == 3, "the three runs listed")
+        select(rebound, "base/a")
+        until(rebound, lambda: charts(rebound), "the charts drawn")
+        console = [e["message"] for e in rebound.get_log("browser")]
+        assert not [m for m in console if "Content Security Policy" in m], console
+    finally:
+        rebound.quit()

@@ -1,5 +1,6 @@
 """``async-tracker ui`` as a real process: the URL first, served, Ctrl-C ends it cleanly;
-a warning for a non-loopback address; a clear error for a port taken."""
+off the loopback a token on every request; other sites' names refused; a free port for a
+port taken; clear errors for bad options."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import json
 import os
 import signal
 import socket
+import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -37,16 +39,69 @@ def test_it_prints_its_url_first_serves_the_store_and_exits_0_on_ctrl_c(
     assert "Traceback" not in stderr and "WARNING" not in stderr
 
 
-def test_another_address_than_the_loopback_is_warned_about(store: Path) -> None:
+def request(url: str, headers: dict[str, str] | None = None) -> tuple[int, dict[str, str], str]:
+    """GET ``url``: the status, the headers (lower-case names) and the body, errors included."""
+    req = urllib.request.Request(url, headers=headers or {})
+    try:
+        with urllib.request.urlopen(req, timeout=30) as response:
+            return response.status, {k.lower(): v for k, v in response.headers.items()}, \
+                response.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, {k.lower(): v for k, v in exc.headers.items()}, exc.read().decode()
+
+
+def test_off_the_loopback_every_request_needs_the_token(store: Path) -> None:
     server = UiServer("--store", str(store), "--host", "0.0.0.0")
     try:
-        port = int(server.url.rstrip("/").rsplit(":", 1)[1])
-        assert get_json(f"http://127.0.0.1:{port}/api/runs")
+        base, _, query = server.url.partition("?")
+        assert base.startswith("http://127.0.0.1:") and query.startswith("token=")
+        token = query.removeprefix("token=")
+        assert len(token) >= 24
+        # Without it: the page, its scripts and the API alike.
+        for path in ("", "static/app.js", "api/runs"):
+            status, _, body = request(base + path)
+            assert status == 403 and "needs its token (no token given)" in body, (path, body)
+        status, _, body = request(base + "api/runs?token=wrong-token")
+        assert status == 403 and "a wrong token" in body
+        # The printed URL: the page, and a cookie for the page's own requests.
+        status, headers, body = request(server.url)
+        assert status == 200 and "<html" in body.lower()
+        cookie = headers["set-cookie"].split(";")[0]
+        assert cookie.endswith("=" + token) and "HttpOnly" in headers["set-cookie"]
+        status, _, body = request(base + "api/runs", {"Cookie": cookie})
+        assert status == 200 and json.loads(body)["total"] == 3
+        status, _, _ = request(base + "api/runs", {"Authorization": f"token {token}"})
+        assert status == 200
         code, stderr = server.interrupt()
     finally:
         server.close()
     assert code == 0
-    assert "WARNING: serving on 0.0.0.0, not the loopback" in stderr
+    assert "serving on 0.0.0.0, not only this machine: every request needs the token" in stderr
+
+
+def test_a_request_under_another_sites_name_is_refused(ui_server: UiServer) -> None:
+    # What DNS rebinding makes a browser send: the loopback's address, the attacker's name.
+    port = ui_server.url.rstrip("/").rsplit(":", 1)[1]
+    for host in ("evil.example", f"evil.example:{port}", "127.0.0.1.evil.example"):
+        status, headers, body = request(ui_server.url + "api/runs", {"Host": host})
+        assert status == 403, host
+        assert "is not allowed" in body and "--allow-host" in body
+        assert headers["x-content-type-options"] == "nosniff"
+    for host in (f"localhost:{port}", f"127.0.0.1:{port}", "localhost"):
+        status, headers, _ = request(ui_server.url + "api/runs", {"Host": host})
+        assert status == 200, host
+        assert "frame-ancestors 'none'" in headers["content-security-policy"]
+
+
+def test_allow_host_adds_a_name(store: Path) -> None:
+    server = UiServer("--store", str(store), "--allow-host", "runs.example")
+    try:
+        status, _, _ = request(server.url + "api/runs", {"Host": "runs.example"})
+        assert status == 200
+        status, _, _ = request(server.url + "api/runs", {"Host": "other.example"})
+        assert status == 403
+    finally:
+        server.close()
 
 
 def ui_failing(*args: str) -> str:
@@ -60,13 +115,21 @@ def ui_failing(*args: str) -> str:
         child.close()
 
 
-def test_a_port_taken_is_a_one_line_error(store: Path) -> None:
+def test_a_port_taken_is_replaced_by_a_free_one_and_said(store: Path) -> None:
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen(1)
         port = taken.getsockname()[1]
-        stderr = ui_failing("--store", str(store), "--port", str(port))
-    assert f"cannot serve on 127.0.0.1:{port}" in stderr and "Traceback" not in stderr
+        server = UiServer("--store", str(store), "--port", str(port))
+        try:
+            served = int(server.url.rstrip("/").rsplit(":", 1)[1])
+            assert served != port
+            assert get_json(server.url + "api/runs")
+            code, stderr = server.interrupt()
+        finally:
+            server.close()
+    assert code == 0
+    assert f"port {port} is busy: serving on port {served} instead" in stderr
 
 
 @pytest.mark.parametrize(
@@ -74,6 +137,8 @@ def test_a_port_taken_is_a_one_line_error(store: Path) -> None:
     [
         (["--port", "70000"], "--port must be 0 (a free port) to 65535, got 70000"),
         (["--preload", "-1"], "--preload must be 0 (none) or more points, got -1"),
+        (["--host", ""], "cannot serve: give an address to serve on"),
+        (["--token", "a b;c=d"], "cannot serve: a token is 8 to 256 of the characters"),
     ],
 )
 def test_bad_options_are_one_line_errors(store: Path, args: list[str], message: str) -> None:
@@ -91,7 +156,7 @@ def test_serve_from_python_prints_its_url_and_returns_on_ctrl_c(store: Path) -> 
     try:
         url = child.readline(60)
         data = get_json(url + "api/runs")
-        assert isinstance(data, dict) and data["store"] == f"store {store}"
+        assert isinstance(data, dict) and data["store"] == f"store {store.name}"
         os.kill(child.proc.pid, signal.SIGINT)
         assert child.readline(30) == "returned"
         assert child.wait(30) == 0

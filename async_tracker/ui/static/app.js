@@ -37,6 +37,8 @@
       if (v === undefined || v === null || v === false) continue;
       if (k === "class") node.className = v;
       else if (k === "text") node.textContent = v;
+      // CSSOM, not a style attribute: the page's Content-Security-Policy allows no inline style.
+      else if (k === "style") node.style.cssText = v;
       else if (k.startsWith("on")) node.addEventListener(k.slice(2), v);
       else node.setAttribute(k, v === true ? "" : String(v));
     }
