@@ -39,6 +39,7 @@ from typing import Any
 import orjson
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
+from starlette.middleware.gzip import GZipMiddleware
 from starlette.requests import Request
 from starlette.responses import FileResponse, Response
 from starlette.routing import Mount, Route
@@ -269,7 +270,10 @@ def create_app(live: LiveStore, access: Access | None = None) -> Starlette:
         Mount("/static", StaticFiles(directory=STATIC_DIR), name="static"),
     ]
     guard = Middleware(Guard, access=access if access is not None else Access())
-    return Starlette(routes=routes, middleware=[guard])
+    # Compressed answers: the run list and the curves are JSON of numbers, a fifth of the
+    # bytes gzipped. Inside the guard: a refused request costs no compression.
+    gzip = Middleware(GZipMiddleware, minimum_size=1024, compresslevel=5)
+    return Starlette(routes=routes, middleware=[guard, gzip])
 
 
 __all__ = [

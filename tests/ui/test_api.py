@@ -379,3 +379,13 @@ def test_every_answer_carries_the_security_headers(store: Path) -> None:
         assert headers["x-frame-options"] == "DENY"
         assert headers["referrer-policy"] == "no-referrer"
     assert client.get("/api/runs", headers={"Host": "evil.example"}).status_code == 403
+
+
+def test_answers_are_compressed_for_clients_that_take_it(store: Path) -> None:
+    client, _ = client_for(store)
+    plain = client.get("/api/series?run=base/a", headers={"Accept-Encoding": "identity"})
+    packed = client.get("/api/series?run=base/a", headers={"Accept-Encoding": "gzip"})
+    assert "content-encoding" not in plain.headers
+    assert packed.headers["content-encoding"] == "gzip"
+    assert packed.json() == plain.json()  # the client unpacks it
+    assert int(packed.headers["content-length"]) < len(plain.content) / 2

@@ -117,17 +117,64 @@ def test_the_table_lists_the_runs_and_the_filter_narrows_them(page: Any) -> None
     until(page, lambda: set(rows(page)) == {"base/a"}, "the search applied")
 
 
-def test_sorting_by_a_column_orders_the_rows(page: Any) -> None:
-    page.execute_script(
-        "[...document.querySelectorAll('#runs-head th')].find(th => th.textContent === 'lr')"
-        ".click()"
+def sort_button(page: Any, label: str) -> Any:
+    return page.execute_script(
+        "return [...document.querySelectorAll('#runs-head th button.sort')]"
+        ".find(b => b.textContent.startsWith(arguments[0]))", label
     )
+
+
+def test_sorting_by_a_column_orders_the_rows_by_mouse_and_by_keyboard(page: Any) -> None:
+    sort_button(page, "lr").click()
     until(page, lambda: list(rows(page)) == ["base/c", "base/b", "base/a"], "sorted by lr")
-    page.execute_script(
-        "[...document.querySelectorAll('#runs-head th')]"
-        ".find(th => th.textContent.startsWith('lr')).click()"
-    )
+    # The header is a button: focused, Enter sorts the other way.
+    sort_button(page, "lr").send_keys(Keys.ENTER)
     until(page, lambda: list(rows(page)) == ["base/a", "base/b", "base/c"], "lr descending")
+    assert page.execute_script(
+        "return document.querySelector('#runs-head th[aria-sort]').getAttribute('aria-sort')"
+    ) == "descending"
+
+
+def test_a_refresh_while_a_run_trains_keeps_focus_and_selection(
+    browser: Any, store: Path, tmp_path: Path
+) -> None:
+    # A live run changes every second; the rows of the others must stay the very same
+    # elements, so that a focused link and a selected run id survive its refreshes.
+    job = start_live(store, tmp_path / "spool-live", "live/9", heartbeat_s=0.3)
+    server = UiServer("--store", str(store))
+    try:
+        browser.get(server.url)
+        until(browser, lambda: len(rows(browser)) == 4, "four runs listed")
+        browser.execute_script(
+            "const a = document.querySelector('tr[data-run-id=\"base/b\"] a.run-link');"
+            "a.focus(); window.__focused = a;"
+            "getSelection().selectAllChildren(a);"
+        )
+
+        def live_points() -> str:
+            return str(browser.execute_script(
+                "const td = [...document.querySelectorAll('tr[data-run-id=\"live/9\"] td')]"
+                ".find(td => (td.title || '').includes('points'));"
+                "return td ? td.title : ''"
+            ))  # fmt: skip
+
+        for n in (11, 12):  # two refreshes, each drawn
+            job.proc.stdin.write(b"log\n")  # type: ignore[union-attr]
+            job.proc.stdin.flush()  # type: ignore[union-attr]
+            assert job.readline(60) == f"logged {n}"
+            want = f"{n} points"
+            until(browser, lambda w=want: w in live_points(), f"the live run at {want}")
+        kept = browser.execute_script(
+            "return [document.activeElement === window.__focused,"
+            " window.__focused.isConnected, getSelection().toString()]"
+        )
+        assert kept == [True, True, "base/b"]
+    finally:
+        browser.get("about:blank")
+        job.proc.stdin.close()  # type: ignore[union-attr]
+        job.wait(60)
+        job.close()
+        server.close()
 
 
 def test_two_selected_runs_draw_two_series_with_every_point(page: Any) -> None:

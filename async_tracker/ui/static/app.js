@@ -236,55 +236,120 @@
   }
 
   function header(label, key, cls, descFirst) {
-    const th = el("th", { class: cls || "", title: key ? `sort by ${key}` : null }, label, key ? sortArrow(key) : null);
+    // A sort header is a button: reachable by Tab, sorted by Enter or Space.
+    const th = el("th", { class: cls || "", "aria-sort": key ? ariaSort(key) : null });
     if (key) {
-      th.addEventListener("click", () => {
-        if (state.sort === key) state.sort = "-" + key;
-        else if (state.sort === "-" + key) state.sort = key;
-        else state.sort = descFirst ? "-" + key : key;
-        restartList();
-      });
-    } else th.classList.add("nosort");
+      th.append(el("button", {
+        type: "button", class: "sort", title: `sort by ${key}`,
+        onclick: () => {
+          if (state.sort === key) state.sort = "-" + key;
+          else if (state.sort === "-" + key) state.sort = key;
+          else state.sort = descFirst ? "-" + key : key;
+          restartList();
+        },
+      }, label, sortArrow(key)));
+    } else {
+      th.classList.add("nosort");
+      th.append(label);
+    }
     return th;
   }
+
+  function ariaSort(key) {
+    if (state.sort === key) return "ascending";
+    if (state.sort === "-" + key) return "descending";
+    return null;
+  }
+
+  // The table is patched, never rebuilt: a refresh (every second while a run is live) keeps
+  // the rows and cells whose content is the same as they are, so that keyboard focus, a text
+  // selection and the scroll position survive it. Each cell is built from a key, the text of
+  // what it shows: a cell whose key did not change is left alone.
+  function cellsOf(r, params, metrics) {
+    const selected = state.selected.includes(r.id);
+    const color = selected ? state.colors.get(r.id) || "" : "";
+    const metric = (m) => r.metrics[m];
+    return [
+      ["sel", () => {
+        const box = el("input", { type: "checkbox", "aria-label": `select ${r.id}` });
+        box.addEventListener("change", () => toggle(r.id, box.checked));
+        return el("td", { class: "sel" }, box);
+      }],
+      [`id|${color}|${r.note || ""}`, () => el("td", {},
+        el("span", { class: "swatch", style: color ? `background:${color};border-color:${color}` : null }),
+        el("a", { class: "run-link", href: `#/run/${encodeURIComponent(r.id)}`, text: r.id }),
+        r.note ? el("span", { class: "note", text: r.note }) : null)],
+      [`status|${r.status}|${r.cause || ""}`, () => el("td", {}, badge(r.status, r.cause))],
+      [`start|${fmtAgo(r.start)}`, () => el("td", { title: fmtTime(r.start) }, fmtAgo(r.start))],
+      [`dur|${fmtDuration(duration(r))}`, () => el("td", { class: "num" }, fmtDuration(duration(r)))],
+      ...params.map((p) => [`p|${fmtValue(r.params[p])}`,
+        () => el("td", { class: "mono" }, fmtValue(r.params[p]))]),
+      [`tags|${r.tags.join("\u0000")}`,
+        () => el("td", {}, ...r.tags.map((t) => el("span", { class: "tag", text: t })))],
+      ...metrics.map((m) => {
+        const v = metric(m);
+        const title = v ? `step ${v.step}, ${v.count} points` : "";
+        return [`m|${title}|${v ? fmtNum(v.last) : ""}`,
+          () => el("td", { class: "num", title: title || null }, v ? fmtNum(v.last) : "")];
+      }),
+    ];
+  }
+
+  let tableLayout = "";  // the columns the rows were built for: new columns, new rows
 
   function renderTable() {
     const runs = shownRuns();
     const params = state.differ.slice(0, MAX_PARAM_COLUMNS);
     const metrics = metricColumns(runs);
+    const layout = JSON.stringify([params, metrics, state.sort]);
     const head = $("runs-head");
-    head.replaceChildren(
-      header("", null, "sel"),
-      header("Run", "id"),
-      header("Status", "status"),
-      header("Started", "start", "", true),
-      header("Duration", "duration", "num", true),
-      ...params.map((p) => header(p, paramKey(p), "group-param")),
-      header("Tags", null),
-      ...metrics.map((m) => header(m, metricKey(m), "num group-metric")),
-    );
     const body = $("runs-body");
-    body.replaceChildren(...runs.map((r) => {
-      const selected = state.selected.includes(r.id);
-      const box = el("input", { type: "checkbox", "aria-label": `select ${r.id}` });
-      box.checked = selected;
-      box.addEventListener("change", () => toggle(r.id, box.checked));
-      const color = state.colors.get(r.id);
-      return el("tr", { "data-run-id": r.id, "data-status": r.status, class: selected ? "selected" : "" },
-        el("td", { class: "sel" }, box),
-        el("td", {},
-          el("span", { class: "swatch", style: selected && color ? `background:${color};border-color:${color}` : null }),
-          el("a", { class: "run-link", href: `#/run/${encodeURIComponent(r.id)}`, text: r.id }),
-          r.note ? el("span", { class: "note", text: r.note }) : null),
-        el("td", {}, badge(r.status, r.cause)),
-        el("td", { title: fmtTime(r.start) }, fmtAgo(r.start)),
-        el("td", { class: "num" }, fmtDuration(duration(r))),
-        ...params.map((p) => el("td", { class: "mono" }, fmtValue(r.params[p]))),
-        el("td", {}, ...r.tags.map((t) => el("span", { class: "tag", text: t }))),
-        ...metrics.map((m) => el("td", { class: "num", title: r.metrics[m] ? `step ${r.metrics[m].step}, ${r.metrics[m].count} points` : null },
-          r.metrics[m] ? fmtNum(r.metrics[m].last) : "")),
+    if (layout !== tableLayout) {
+      tableLayout = layout;
+      head.replaceChildren(
+        header("", null, "sel"),
+        header("Run", "id"),
+        header("Status", "status"),
+        header("Started", "start", "", true),
+        header("Duration", "duration", "num", true),
+        ...params.map((p) => header(p, paramKey(p), "group-param")),
+        header("Tags", null),
+        ...metrics.map((m) => header(m, metricKey(m), "num group-metric")),
       );
-    }));
+      body.replaceChildren();
+    }
+    const old = new Map();
+    for (const tr of body.children) old.set(tr.dataset.runId, tr);
+    let at = body.firstElementChild;
+    for (const r of runs) {
+      const cells = cellsOf(r, params, metrics);
+      let tr = old.get(r.id);
+      if (tr) {
+        old.delete(r.id);
+        cells.forEach(([key, build], i) => {
+          if (tr.children[i].dataset.key !== key) {
+            const td = build();
+            td.dataset.key = key;
+            tr.replaceChild(td, tr.children[i]);
+          }
+        });
+      } else {
+        tr = el("tr", { "data-run-id": r.id });
+        for (const [key, build] of cells) {
+          const td = build();
+          td.dataset.key = key;
+          tr.append(td);
+        }
+      }
+      const selected = state.selected.includes(r.id);
+      if (tr.dataset.status !== r.status) tr.dataset.status = r.status;
+      tr.classList.toggle("selected", selected);
+      tr.querySelector("input[type=checkbox]").checked = selected;
+      // In order: a row already in its place is not moved (moving it would blur it).
+      if (tr !== at) body.insertBefore(tr, at);
+      else at = at.nextElementSibling;
+    }
+    for (const tr of old.values()) tr.remove();
     const empty = $("runs-empty");
     empty.hidden = runs.length > 0;
     empty.textContent = state.total ? "No run matches the filter." : "No runs in this store yet.";
