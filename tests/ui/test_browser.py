@@ -89,7 +89,8 @@ def save(browser: Any, tmp_path: Path, name: str) -> None:
 
 @pytest.fixture
 def page(browser: Any, ui_server: UiServer) -> Iterator[Any]:
-    browser.get(ui_server.url)
+    # No run selected (sel=none): these tests choose (a first visit draws the newest runs).
+    browser.get(ui_server.url + "#/?sel=none")
     until(browser, lambda: len(rows(browser)) == 3, "the three runs listed")
     yield browser
     browser.get("about:blank")  # stop polling before the server goes
@@ -201,7 +202,7 @@ def test_a_point_logged_by_a_live_run_appears(
     job = start_live(store, tmp_path / "spool-live", "live/1")
     server = UiServer("--store", str(store))
     try:
-        browser.get(server.url)
+        browser.get(server.url + "#/?sel=none")
         until(browser, lambda: rows(browser).get("live/1") == "running", "the live run")
         select(browser, "live/1")
         until(browser, lambda: charts(browser).get("loss", {}).get("points") == [10], "10 points")
@@ -247,7 +248,7 @@ def test_a_sigkilled_run_shows_as_crashed(browser: Any, store: Path, tmp_path: P
         assert doomed.readline(60) == "ready"
         beats = store / encode_run_id("doomed/1") / "heartbeat"
         wait_until(lambda: beats.is_dir() and any(beats.iterdir()), "a heartbeat", WAIT_S)
-        browser.get(server.url)
+        browser.get(server.url + "#/?sel=none")
         until(browser, lambda: rows(browser).get("doomed/1") == "running", "running first")
         os.kill(doomed.proc.pid, signal.SIGKILL)
         assert doomed.wait(60) == -signal.SIGKILL
@@ -410,3 +411,107 @@ def test_dns_rebinding_reads_nothing_and_the_page_breaks_no_policy(
         assert not [m for m in console if "Content Security Policy" in m], console
     finally:
         rebound.quit()
+
+
+def test_a_first_visit_draws_the_newest_runs_and_keeps_them_in_the_url(
+    browser: Any, ui_server: UiServer
+) -> None:
+    browser.get(ui_server.url)
+    # The three runs (under the default of five), newest first, drawn without a click.
+    loss = until(
+        browser,
+        lambda: charts(browser).get("loss") if len(charts(browser).get("loss", {}).get("runs", []))
+        == 3 else None,
+        "the newest runs' loss curves",
+    )
+    assert sorted(loss["runs"]) == ["base/a", "base/b", "base/c"]
+    assert browser.execute_script("return location.hash").count("run=") == 3
+    # Unselected, the choice is kept: a reload draws nothing.
+    for run_id in ("base/a", "base/b", "base/c"):
+        select(browser, run_id)
+    until(browser, lambda: "sel=none" in browser.execute_script("return location.hash"), "none")
+    browser.refresh()
+    until(browser, lambda: len(rows(browser)) == 3, "the runs listed")
+    assert text(browser, "#charts .charts-empty") == "No runs selected."
+    browser.get("about:blank")
+
+
+def test_panels_group_charts_by_prefix_and_the_metric_filter_narrows_them(
+    page: Any,
+) -> None:
+    select(page, "base/a")
+    until(page, lambda: set(charts(page)) == {"acc", "loss"}, "the charts")
+    panels = page.execute_script(
+        "return [...document.querySelectorAll('#charts details.panel')].map(p => "
+        "[p.dataset.panel, [...p.querySelectorAll('div.chart')].map(c => c.dataset.metric)])"
+    )
+    assert panels == [["", ["acc", "loss"]]]  # system/ metrics are on the run page
+    page.find_element(By.ID, "metric-filter").send_keys("LO")
+    until(page, lambda: set(charts(page)) == {"loss"}, "only loss")
+    assert "metrics=LO" in page.execute_script("return location.hash")
+    page.find_element(By.ID, "metric-filter").clear()
+    page.find_element(By.ID, "metric-filter").send_keys("nothing-like-it")
+    until(page, lambda: text(page, "#charts .charts-empty") == "No metric matches the filter.",
+          "the empty filter said")  # fmt: skip
+    page.find_element(By.ID, "metric-filter").clear()
+    page.execute_script(
+        "document.getElementById('metric-filter').dispatchEvent(new Event('input'))"
+    )
+    until(page, lambda: set(charts(page)) == {"acc", "loss"}, "both again")
+    # A panel collapses from the keyboard (a <summary> is a button).
+    summary = page.find_element(By.CSS_SELECTOR, "#charts details.panel > summary")
+    summary.send_keys(Keys.ENTER)
+    assert page.execute_script("return document.querySelector('#charts details.panel').open") \
+        is False
+
+
+def test_relative_time_starts_each_run_at_zero_and_a_new_x_drops_the_zoom(page: Any) -> None:
+    select(page, "base/a")
+    until(page, lambda: charts(page).get("loss", {}).get("points") == [STEPS], "the loss chart")
+    chart = 'div.chart[data-metric="loss"]'
+    over = page.find_element(By.CSS_SELECTOR, f"{chart} .u-over")
+    width = over.size["width"]
+    ActionChains(page).move_to_element_with_offset(over, -width // 8, 0).click_and_hold() \
+        .move_by_offset(width // 4, 0).release().perform()
+    until(page, lambda: charts(page)["loss"]["zoomed"], "zoomed on steps")
+    # A range of steps means nothing on a time axis (it read 1/1/70): the zoom goes.
+    page.find_element(By.CSS_SELECTOR, '.seg button[data-x="time"]').click()
+    until(page, lambda: (lambda x0: x0 if x0 and x0[0] > 1e9 else None)(
+        charts(page).get("loss", {}).get("x0")), "wall time")  # fmt: skip
+    assert charts(page)["loss"]["zoomed"] is False
+    assert charts(page)["loss"]["points"] == [STEPS]  # seconds since the epoch, every point
+    page.find_element(By.CSS_SELECTOR, '.seg button[data-x="relative"]').click()
+    until(page, lambda: "x=relative" in page.execute_script("return location.hash"), "in the URL")
+    relative = until(page, lambda: (lambda x0: x0 if x0 and x0[0] < 1e9 else None)(
+        charts(page).get("loss", {}).get("x0")), "time since the start")  # fmt: skip
+    assert 0 <= relative[0] < 60
+    assert charts(page)["loss"]["zoomed"] is False
+
+
+def test_each_chart_downloads_its_curves_as_csv_and_png(page: Any) -> None:
+    select(page, "base/a")
+    select(page, "base/b")
+    until(page, lambda: charts(page).get("loss", {}).get("points") == [STEPS, STEPS], "loss")
+    chart = 'div.chart[data-metric="loss"]'
+    page.find_element(By.CSS_SELECTOR, f"{chart} button[title^='download the curves']").click()
+    until(page, lambda: page.execute_script(f"return document.querySelector('{chart}').dataset.csv")
+          == str(2 * STEPS), "every point of both runs written")  # fmt: skip
+    page.find_element(By.CSS_SELECTOR, f"{chart} button[title^='download the chart']").click()
+    size = until(page, lambda: page.execute_script(
+        f"return document.querySelector('{chart}').dataset.png"), "a PNG made")  # fmt: skip
+    assert int(size) > 1000
+
+
+def test_dark_mode_follows_the_system(page: Any, tmp_path: Path) -> None:
+    select(page, "base/a")
+    select(page, "base/b")
+    until(page, lambda: charts(page).get("loss", {}).get("points") == [STEPS, STEPS], "drawn")
+    background = "return getComputedStyle(document.body).backgroundColor"
+    assert page.execute_script(background) == "rgb(245, 246, 248)"
+    page.execute_cdp_cmd("Emulation.setEmulatedMedia", {
+        "features": [{"name": "prefers-color-scheme", "value": "dark"}]})  # fmt: skip
+    try:
+        until(page, lambda: page.execute_script(background) == "rgb(15, 18, 24)", "dark")
+        save(page, tmp_path, "ui-dark.png")
+    finally:
+        page.execute_cdp_cmd("Emulation.setEmulatedMedia", {"features": []})

@@ -15,6 +15,8 @@
   const PALETTE = ["#4f46e5", "#e11d48", "#059669", "#d97706", "#0891b2", "#7c3aed",
     "#db2777", "#65a30d", "#2563eb", "#ea580c", "#0d9488", "#9333ea"];
   const SYSTEM_PREFIX = "system/";
+  // On a first visit with no runs in the URL, the newest runs' curves are drawn at once.
+  const DEFAULT_RUNS = 5;
   // Ticks of a step axis: whole steps only (1, 2, 5, 10, 20, 50 ...).
   const STEP_INCRS = [];
   for (let e = 1; e <= 1e12; e *= 10) STEP_INCRS.push(e, 2 * e, 5 * e);
@@ -23,7 +25,8 @@
     cursor: 0, generation: 0, runs: new Map(), ids: [], differ: [], total: 0,
     filter: "", search: "", sort: "",
     selected: [], colors: new Map(), nextColor: 0,
-    x: "step", smoothing: 0, log: false,
+    x: "step", smoothing: 0, log: false, outliers: false, metricFilter: "",
+    autoPick: false,  // pick the newest runs once the list arrives (a first visit)
     series: new Map(),   // run id -> {sig, x, metrics: {name: {x, y, count}}}
     view: "runs", runId: null, runDetail: null, runSeries: null,
     polling: false, lastOk: 0, viewLoaded: false,
@@ -143,6 +146,7 @@
       state.cursor = data.version;
       state.lastOk = Date.now();
       setLive(true, "live");
+      if (state.autoPick && state.ids.length) pickNewest();
       if (listChanged) renderTable();
       if (state.view === "runs") await refreshSeries();
       else if (state.view === "run" && changed.includes(state.runId)) await loadRun(state.runId, false);
@@ -165,6 +169,14 @@
     }
   }
 
+  function pickNewest() {
+    state.autoPick = false;
+    const newest = shownRuns().slice().sort((a, b) => (b.start || 0) - (a.start || 0));
+    for (const r of newest.slice(0, DEFAULT_RUNS)) pick(r.id);
+    saveView();
+    renderTable();
+  }
+
   function restartList() {
     state.generation += 1;
     state.cursor = 0;
@@ -179,12 +191,15 @@
     if (state.view !== "runs") return;
     const q = new URLSearchParams();
     for (const id of state.selected) q.append("run", id);
+    if (!state.selected.length) q.set("sel", "none");  // kept: no default runs on reload
     if (state.filter) q.set("filter", state.filter);
     if (state.search) q.set("search", state.search);
     if (state.sort) q.set("sort", state.sort);
     if (state.x !== "step") q.set("x", state.x);
     if (state.smoothing) q.set("smooth", String(state.smoothing));
     if (state.log) q.set("log", "1");
+    if (state.outliers) q.set("outliers", "ignore");
+    if (state.metricFilter) q.set("metrics", state.metricFilter);
     const hash = [...q].length ? `#/?${q}` : "";
     // replaceState: a toggle is not a page to go back to (and fires no hashchange).
     if (location.hash !== hash) history.replaceState(null, "", hash || location.pathname + location.search);
@@ -195,12 +210,13 @@
     const q = new URLSearchParams(m ? m[1] : "");
     state.selected = [];
     for (const id of q.getAll("run")) pick(id);
+    state.autoPick = !state.selected.length && q.get("sel") !== "none";
     const list = [q.get("filter") || "", q.get("search") || "", q.get("sort") || ""];
     const listChanged = list.join("\n") !== [state.filter, state.search, state.sort].join("\n");
     [state.filter, state.search, state.sort] = list;
     $("filter").value = state.filter;
     $("search").value = state.search;
-    state.x = q.get("x") === "time" ? "time" : "step";
+    state.x = ["time", "relative"].includes(q.get("x")) ? q.get("x") : "step";
     document.querySelectorAll(".seg button").forEach((b) => b.classList.toggle("on", b.dataset.x === state.x));
     const smooth = Number(q.get("smooth"));
     state.smoothing = Number.isFinite(smooth) ? Math.min(0.99, Math.max(0, smooth)) : 0;
@@ -208,6 +224,10 @@
     $("smoothing-value").textContent = state.smoothing.toFixed(2);
     state.log = q.get("log") === "1";
     $("logscale").checked = state.log;
+    state.outliers = q.get("outliers") === "ignore";
+    $("outliers").checked = state.outliers;
+    state.metricFilter = q.get("metrics") || "";
+    $("metric-filter").value = state.metricFilter;
     return listChanged;
   }
 
@@ -363,6 +383,7 @@
   }
 
   function toggle(id, on) {
+    state.autoPick = false;  // the user chose
     if (on) pick(id);
     else state.selected = state.selected.filter((r) => r !== id);
     saveView();
@@ -384,7 +405,8 @@
   }
 
   async function fetchSeries(runIds, width, extra) {
-    const q = new URLSearchParams({ x: state.x, width: String(width) });
+    // Relative time is wall time less each run's start, drawn here.
+    const q = new URLSearchParams({ x: state.x === "step" ? "step" : "time", width: String(width) });
     for (const id of runIds) q.append("run", id);
     for (const [k, v] of Object.entries(extra || {})) {
       if (Array.isArray(v)) v.forEach((item) => q.append(k, item)); else q.set(k, v);
@@ -454,39 +476,104 @@
     return names;
   }
 
-  // One chart per metric; `source(runId)` gives {metric: {x, y, count}} for a run.
+  // -- chart helpers ------------------------------------------------------------------------
+  // A metric's panel: the part of its name before the first "/" (train/loss -> train).
+  const panelOf = (metric) => (metric.includes("/") ? metric.slice(0, metric.indexOf("/")) : "");
+  // The metric filter: every word must be in the name (case-insensitive).
+  function metricShown(metric) {
+    const words = state.metricFilter.toLowerCase().split(/\s+/).filter(Boolean);
+    const name = metric.toLowerCase();
+    return words.every((w) => name.includes(w));
+  }
+  function fmtRelative(v, span) {
+    if (v === null || v === undefined) return "";
+    if (span < 10) return `${Number(v.toFixed(2))}s`;
+    return fmtDuration(v);
+  }
+  // The y range without outliers: the 1st to 99th percentile of what is drawn, padded.
+  function robustRange(tables) {
+    const ys = [];
+    for (const [, y] of tables) for (const v of y) if (v !== null && Number.isFinite(v)) ys.push(v);
+    if (ys.length < 20) return null;
+    ys.sort((a, b) => a - b);
+    const lo = ys[Math.floor(ys.length * 0.01)], hi = ys[Math.ceil(ys.length * 0.99) - 1];
+    const pad = (hi - lo) * 0.1 || Math.abs(hi) * 0.1 || 1;
+    return [lo - pad, hi + pad];
+  }
+  function cssVar(name, fallback) {
+    return getComputedStyle(document.documentElement).getPropertyValue(name).trim() || fallback;
+  }
+  function download(name, blob) {
+    const a = el("a", { href: URL.createObjectURL(blob), download: name });
+    document.body.append(a);
+    a.click();
+    a.remove();
+    setTimeout(() => URL.revokeObjectURL(a.href), 10000);
+  }
+  const fileName = (metric, ext) => `${metric.replace(/[^\w.-]+/g, "_")}.${ext}`;
+
+  // One chart per metric, in collapsible panels by prefix; `source(runId)` gives
+  // {metric: {x, y, count}} for a run.
   class ChartSet {
     constructor(container, source, hook) {
       this.container = container;
       this.source = source;
       this.hook = hook;  // window.__charts prefix
-      this.charts = new Map();  // metric -> {div, plot, key, zoom, zoomData}
+      this.charts = new Map();  // metric -> {div, plot, key, zoom, zoomData, lines}
+      this.panels = new Map();  // prefix -> <details>
     }
 
     update(runIds, keepMetric) {
       const metrics = new Set();
-      for (const id of runIds) for (const m of Object.keys(this.source(id))) if (keepMetric(m)) metrics.add(m);
+      for (const id of runIds) for (const m of Object.keys(this.source(id))) if (keepMetric(m) && metricShown(m)) metrics.add(m);
       const names = [...metrics].sort();
       for (const [m, c] of this.charts) {
         if (!metrics.has(m)) { if (c.plot) c.plot.destroy(); c.div.remove(); this.charts.delete(m); delete window.__charts[this.hook + m]; }
       }
       const empty = this.container.querySelector(".charts-empty");
       if (!names.length) {
-        if (!empty) this.container.append(el("div", { class: "charts-empty", text: runIds.length ? "No metrics logged yet." : "No runs selected." }));
+        for (const p of this.panels.values()) p.remove();
+        this.panels.clear();
+        const text = !runIds.length ? "No runs selected." : state.metricFilter ? "No metric matches the filter." : "No metrics logged yet.";
+        if (!empty) this.container.append(el("div", { class: "charts-empty", text }));
+        else empty.textContent = text;
         return;
       }
       if (empty) empty.remove();
       const legend = legendNames(runIds);
-      // All charts in the grid first (in name order), then drawn: each takes its cell's width.
-      for (const m of names) {
-        let c = this.charts.get(m);
-        if (!c) {
-          c = { div: el("div", { class: "chart", "data-metric": m }), plot: null, key: "", zoom: null, zoomData: null };
-          this.charts.set(m, c);
+      // Panels in name order (no prefix first), each a <details>: collapsible by mouse or
+      // keyboard, and kept (with its open state) across updates.
+      const prefixes = [...new Set(names.map(panelOf))].sort();
+      for (const [prefix, panel] of this.panels) if (!prefixes.includes(prefix)) { panel.remove(); this.panels.delete(prefix); }
+      for (const prefix of prefixes) {
+        let panel = this.panels.get(prefix);
+        if (!panel) {
+          panel = el("details", { class: "panel", "data-panel": prefix, open: true },
+            el("summary", {}, el("span", { class: "panel-name", text: prefix || "charts" }), el("span", { class: "panel-count" })),
+            el("div", { class: "panel-grid" }));
+          panel.addEventListener("toggle", () => { if (panel.open) this.update(runIds, keepMetric); });
+          this.panels.set(prefix, panel);
         }
-        this.container.append(c.div);
+        const inPanel = names.filter((m) => panelOf(m) === prefix);
+        panel.querySelector(".panel-count").textContent = String(inPanel.length);
+        this.container.append(panel);
+        // All charts in the grid first (in name order), then drawn: each takes its cell's width.
+        const grid = panel.querySelector(".panel-grid");
+        for (const m of inPanel) {
+          let c = this.charts.get(m);
+          if (!c) {
+            c = { div: el("div", { class: "chart", "data-metric": m }), plot: null, key: "", zoom: null, zoomData: null, lines: [] };
+            this.charts.set(m, c);
+          }
+          grid.append(c.div);
+        }
       }
-      for (const m of names) this.draw(m, this.charts.get(m), runIds, legend);
+      // A collapsed panel draws nothing (it is drawn when opened).
+      for (const m of names) if (this.panels.get(panelOf(m)).open) this.draw(m, this.charts.get(m), runIds, legend);
+    }
+
+    resetZoom() {
+      for (const c of this.charts.values()) { c.zoom = null; c.zoomData = null; c.key = ""; }
     }
 
     draw(metric, c, runIds, legend) {
@@ -494,38 +581,57 @@
         const s = c.zoomData ? c.zoomData.get(id) : this.source(id)[metric];
         return s ? { id, s } : null;
       }).filter(Boolean);
-      const key = JSON.stringify([state.x, state.smoothing, state.log, lines.map((l) => [l.id, l.s.count, l.s.x.length, legend.get(l.id), state.colors.get(l.id)])]);
+      const key = JSON.stringify([state.x, state.smoothing, state.log, state.outliers, cssVar("--ink", ""),
+        lines.map((l) => [l.id, l.s.count, l.s.x.length, legend.get(l.id), state.colors.get(l.id)])]);
       if (key === c.key && c.plot) return;
       c.key = key;
       const points = lines.map((l) => l.s.x.length);
       c.div.setAttribute("data-runs", lines.map((l) => l.id).join("\n"));
       c.div.setAttribute("data-points", points.join(","));
-      window.__charts[this.hook + metric] = { runs: lines.map((l) => l.id), points, counts: lines.map((l) => l.s.count) };
-      const tables = [], series = [{ label: state.x === "step" ? "step" : "time" }];
+      const relative = state.x === "relative";
+      const xsOf = (l) => {
+        if (!relative) return l.s.x;
+        const run = state.runs.get(l.id);
+        const start = (run && run.start) || (l.s.x.length ? l.s.x[0] : 0);
+        return l.s.x.map((v) => v - start);
+      };
+      c.lines = lines.map((l) => ({ id: l.id, x: xsOf(l), y: l.s.y }));
+      window.__charts[this.hook + metric] = { runs: lines.map((l) => l.id), points, counts: lines.map((l) => l.s.count),
+        x0: c.lines.map((l) => (l.x.length ? l.x[0] : null)), zoomed: !!c.zoom };
+      const tables = [], series = [{ label: { step: "step", time: "time", relative: "since start" }[state.x] }];
       const rawIndexes = [];
-      for (const l of lines) {
+      for (const [i, l] of lines.entries()) {
+        const xs = c.lines[i].x;
         let ys = l.s.y.map((v) => (v === null ? null : (state.log && v <= 0 ? null : v)));
         const color = state.colors.get(l.id) || PALETTE[0];
         if (state.smoothing > 0) {
-          tables.push([l.s.x, ys]);
+          tables.push([xs, ys]);
           rawIndexes.push(series.length);
           series.push({ label: legend.get(l.id) + " (raw)", stroke: color + "40", width: 1, spanGaps: true, points: { show: false } });
           ys = smooth(ys, state.smoothing);
         }
-        tables.push([l.s.x, ys]);
+        tables.push([xs, ys]);
         series.push({ label: legend.get(l.id), stroke: color, width: 1.6, spanGaps: true, points: { show: false },
           value: (u, v) => (v === null || v === undefined ? "–" : fmtNum(v)) });
       }
       const data = tables.length ? uPlot.join(tables) : [[]];
       const width = Math.max(200, (c.div.clientWidth || chartWidth(this.container)) - 22);
       const shown = lines.reduce((a, l) => a + l.s.count, 0);
-      const title = el("h3", {}, metric, el("span", { class: "meta", text: `${fmtNum(shown)} points${c.zoom ? " · zoomed" : ""}` }));
+      const csv = el("button", { type: "button", class: "mini", title: "download the curves drawn as CSV", text: "CSV", onclick: () => this.csv(metric, c) });
+      const png = el("button", { type: "button", class: "mini", title: "download the chart as PNG", text: "PNG", onclick: () => this.png(metric, c) });
+      const title = el("h3", {}, metric, el("span", { class: "meta", text: `${fmtNum(shown)} points${c.zoom ? " · zoomed" : ""}` }),
+        el("span", { class: "spacer" }), csv, png);
+      const range = state.outliers && !state.log ? robustRange(tables) : null;
+      const ink = cssVar("--muted", "#6b7385"), grid = cssVar("--grid", "#eef0f3"), tick = cssVar("--line", "#e4e7ec");
       const opts = {
         width, height: 230, series, legend: { live: true },
-        scales: { x: { time: state.x === "time" }, y: { distr: state.log ? 3 : 1 } },
-        axes: [{ stroke: "#6b7385", grid: { stroke: "#eef0f3" }, ticks: { stroke: "#e4e7ec" },
-          incrs: state.x === "step" ? STEP_INCRS : undefined },
-          { stroke: "#6b7385", grid: { stroke: "#eef0f3" }, ticks: { stroke: "#e4e7ec" }, size: 56, values: (u, vals) => vals.map(fmtNum) }],
+        scales: { x: { time: state.x === "time" }, y: { distr: state.log ? 3 : 1, ...(range ? { range: () => range } : {}) } },
+        axes: [{ stroke: ink, grid: { stroke: grid }, ticks: { stroke: tick },
+          incrs: state.x === "step" ? STEP_INCRS : undefined,
+          ...(relative ? { values: (u, vals) => vals.map((v) => fmtRelative(v, u.scales.x.max - u.scales.x.min)) } : {}) },
+          { stroke: ink, grid: { stroke: grid }, ticks: { stroke: tick }, values: (u, vals) => vals.map(fmtNum),
+            // As wide as its longest label (log scales' 1e-5 included), never clipped.
+            size: (u, values) => (values ? Math.max(40, 14 + 7 * Math.max(...values.map((v) => String(v).length))) : 56) }],
         cursor: { drag: { x: true, y: false } },
         hooks: {
           setSelect: [(u) => {
@@ -548,19 +654,46 @@
       });
     }
 
+    csv(metric, c) {
+      // What the chart draws (the zoomed window when zoomed), one row a point.
+      const x = { step: "step", time: "time", relative: "seconds_since_start" }[state.x];
+      const quoteCsv = (v) => (/[",\n]/.test(v) ? `"${v.replace(/"/g, '""')}"` : v);
+      const rows = [`run,${x},${quoteCsv(metric)}`];
+      for (const l of c.lines) {
+        for (let i = 0; i < l.x.length; i++) rows.push(`${quoteCsv(l.id)},${l.x[i]},${l.y[i] === null ? "" : l.y[i]}`);
+      }
+      const text = rows.join("\n") + "\n";
+      c.div.dataset.csv = String(rows.length - 1);  // a test hook: the rows written
+      download(fileName(metric, "csv"), new Blob([text], { type: "text/csv" }));
+    }
+
+    png(metric, c) {
+      const src = c.plot.ctx.canvas;
+      const out = document.createElement("canvas");
+      out.width = src.width; out.height = src.height;
+      const ctx = out.getContext("2d");
+      ctx.fillStyle = cssVar("--card", "#ffffff");
+      ctx.fillRect(0, 0, out.width, out.height);
+      ctx.drawImage(src, 0, 0);
+      out.toBlob((blob) => { c.div.dataset.png = String(blob.size); download(fileName(metric, "png"), blob); }, "image/png");
+    }
+
     async zoomTo(metric, c, runIds, range) {
       // The server downsamples the zoomed window again: detail appears as one zooms in.
+      // Relative time differs per run: its zoom is the curves drawn, magnified.
       c.zoom = range;
-      try {
-        const data = await fetchSeries(runIds, chartWidth(this.container), { metric: [metric], xmin: range[0], xmax: range[1] });
-        c.zoomData = new Map(data.series.map((s) => [s.run, s]));
-      } catch (err) { banner(err.message); return; }
+      if (state.x !== "relative") {
+        try {
+          const data = await fetchSeries(runIds, chartWidth(this.container), { metric: [metric], xmin: range[0], xmax: range[1] });
+          c.zoomData = new Map(data.series.map((s) => [s.run, s]));
+        } catch (err) { banner(err.message); return; }
+      }
       c.key = "";
       this.draw(metric, c, runIds, legendNames(runIds));
     }
 
     redrawAll(runIds, keepMetric) {
-      for (const c of this.charts.values()) { c.key = ""; c.zoom = null; c.zoomData = null; }
+      this.resetZoom();
       this.update(runIds, keepMetric);
     }
   }
@@ -577,8 +710,9 @@
   }
   function gridTable(headers, rows) {
     if (!rows.length) return el("div", { class: "none", text: "None." });
-    return el("table", { class: "kv grid" }, el("thead", {}, el("tr", {}, ...headers.map((h) => el("th", { text: h })))),
-      el("tbody", {}, ...rows.map((r) => el("tr", {}, ...r.map((cell) => el("td", { class: "v" }, cell))))));
+    // Wide tables scroll inside their card rather than spill out of it.
+    return el("div", { class: "scroll-x" }, el("table", { class: "kv grid" }, el("thead", {}, el("tr", {}, ...headers.map((h) => el("th", { text: h })))),
+      el("tbody", {}, ...rows.map((r) => el("tr", {}, ...r.map((cell) => el("td", { class: "v" }, cell)))))));
   }
   const runLink = (id, known) => (known ? el("a", { href: `#/run/${encodeURIComponent(id)}`, text: id }) : el("span", { text: id }));
 
@@ -710,11 +844,22 @@
   $("filter").addEventListener("input", debounce(() => { state.filter = $("filter").value.trim(); restartList(); }, 250));
   $("search").addEventListener("input", debounce(() => { state.search = $("search").value.trim(); restartList(); }, 250));
   document.querySelectorAll(".seg button").forEach((b) => b.addEventListener("click", () => {
+    if (state.x === b.dataset.x) return;
     state.x = b.dataset.x;
     document.querySelectorAll(".seg button").forEach((o) => o.classList.toggle("on", o === b));
+    // A zoom is a range of the old x: it means nothing on the new one.
+    for (const set of [mainCharts, runCharts, sysCharts]) if (set) set.resetZoom();
     saveView();
     if (state.view === "runs") refreshSeries(); else if (state.runId) loadRun(state.runId, false);
   }));
+  $("outliers").addEventListener("change", () => { state.outliers = $("outliers").checked; saveView(); redrawCharts(); });
+  $("metric-filter").addEventListener("input", debounce(() => {
+    state.metricFilter = $("metric-filter").value.trim();
+    saveView();
+    if (state.view === "runs") refreshSeries(); else if (state.runId) loadRun(state.runId, false);
+  }, 150));
+  // Dark mode follows the system's, live: the charts' colours are read from the CSS.
+  window.matchMedia("(prefers-color-scheme: dark)").addEventListener("change", redrawCharts);
   $("smoothing").addEventListener("input", () => {
     state.smoothing = Number($("smoothing").value);
     $("smoothing-value").textContent = state.smoothing.toFixed(2);
