@@ -28,7 +28,7 @@ from selenium.webdriver.support.ui import WebDriverWait
 
 from async_tracker.backend.fsspec import encode_run_id
 from tests.core.helpers import Child, wait_until
-from tests.ui.conftest import STEPS, UiServer, screenshots_dir, start_live
+from tests.ui.conftest import STEPS, UiServer, loss, screenshots_dir, start_live
 
 pytestmark = pytest.mark.server
 
@@ -515,3 +515,52 @@ def test_dark_mode_follows_the_system(page: Any, tmp_path: Path) -> None:
         save(page, tmp_path, "ui-dark.png")
     finally:
         page.execute_cdp_cmd("Emulation.setEmulatedMedia", {"features": []})
+
+
+def test_the_compare_view_shows_selected_runs_side_by_side_with_differences_marked(
+    page: Any, tmp_path: Path
+) -> None:
+    assert page.find_element(By.ID, "compare-card").is_displayed() is False
+    select(page, "base/a")
+    select(page, "base/b")
+
+    def table() -> dict[str, list[Any]]:
+        return {row[0]: row[1:] for row in page.execute_script(
+            "return [...document.querySelectorAll('#compare tbody tr')].map(tr => [tr.dataset.row,"
+            " tr.classList.contains('differs'), ...[...tr.querySelectorAll('td.v')]"
+            ".map(td => td.textContent)])"
+        )}  # fmt: skip
+
+    until(page, lambda: "param:lr" in table(), "the compare table")
+    rows = table()
+    assert rows["param:lr"] == [True, "0.1", "0.01"]
+    assert rows["param:batch_size"] == [False, "32", "32"]
+    assert rows["param:model"] == [False, "mlp", "mlp"]
+    assert rows["metric:loss"][0] is True and "system/cpu_percent" not in str(rows)
+    page.find_element(By.ID, "only-diff").click()
+    until(page, lambda: "param:model" not in table(), "only the differences")
+    assert all(differs for differs, *_ in table().values())
+    select(page, "base/c")
+    until(page, lambda: len(table().get("param:lr", [])) == 4, "a third column")
+    assert table()["param:batch_size"] == [True, "32", "32", "64"]
+    save(page, tmp_path, "ui-compare.png")
+
+
+def test_hovering_a_chart_shows_every_runs_value_at_that_x(page: Any) -> None:
+    select(page, "base/a")
+    select(page, "base/b")
+    until(page, lambda: charts(page).get("loss", {}).get("points") == [STEPS, STEPS], "drawn")
+    over = page.find_element(By.CSS_SELECTOR, 'div.chart[data-metric="loss"] .u-over')
+    ActionChains(page).move_to_element(over).perform()  # the middle: about step 60
+    tip = until(page, lambda: page.execute_script(
+        "const t = document.querySelector('div.chart[data-metric=\"loss\"] .tip');"
+        "return t && !t.hidden ? [t.querySelector('.tip-x').textContent,"
+        " [...t.querySelectorAll('.tip-row')].map(r =>"
+        " [r.querySelector('.tip-name').textContent, r.querySelector('b').textContent])] : null"
+    ), "the tooltip")  # fmt: skip
+    step = int(tip[0].split()[-1])
+    assert 40 < step < 80
+    assert [name for name, _ in tip[1]] == ["lr=0.1", "lr=0.01"]
+    # The values are the curves' at that step.
+    shown = [float(value) for _, value in tip[1]]
+    assert shown == pytest.approx([loss(0.1, step), loss(0.01, step)], rel=1e-3)

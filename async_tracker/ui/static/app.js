@@ -439,9 +439,37 @@
       }
     }
     mainCharts.update(state.selected.filter((id) => state.runs.has(id)), (m) => !m.startsWith(SYSTEM_PREFIX));
+    renderCompare();
     $("charts-hint").textContent = state.selected.length
       ? `${state.selected.length} run${state.selected.length > 1 ? "s" : ""} selected · drag to zoom, double-click to reset`
       : "Select runs in the table to overlay their curves.";
+  }
+
+  // -- the compare view: the selected runs side by side ---------------------------------------
+  let compareKey = "";
+  function renderCompare() {
+    const runs = state.selected.map((id) => state.runs.get(id)).filter(Boolean);
+    $("compare-card").hidden = runs.length < 2;
+    if (runs.length < 2) { compareKey = ""; return; }
+    const onlyDiff = $("only-diff").checked;
+    const params = [...new Set(runs.flatMap((r) => Object.keys(r.params)))].sort();
+    const metrics = [...new Set(runs.flatMap((r) => Object.keys(r.metrics)))].filter((m) => !m.startsWith(SYSTEM_PREFIX)).sort();
+    const rows = [
+      ...params.map((p) => ["param", p, runs.map((r) => (p in r.params ? fmtValue(r.params[p]) : "–"))]),
+      ...metrics.map((m) => ["metric", m, runs.map((r) => (r.metrics[m] ? fmtNum(r.metrics[m].last) : "–"))]),
+      ["run", "status", runs.map((r) => r.status)],
+    ].map(([kind, name, values]) => [kind, name, values, new Set(values).size > 1])
+      .filter((row) => !onlyDiff || row[3]);
+    const key = JSON.stringify([runs.map((r) => [r.id, state.colors.get(r.id)]), rows]);
+    if (key === compareKey) return;  // unchanged: a selection in the table stays
+    compareKey = key;
+    const head = el("tr", {}, el("th", { text: "" }),
+      ...runs.map((r) => el("th", {}, el("span", { class: "swatch", style: `background:${state.colors.get(r.id)};border-color:${state.colors.get(r.id)}` }), r.id)));
+    const body = rows.map(([kind, name, values, differs]) => el("tr", { class: differs ? "differs" : "", "data-row": `${kind}:${name}` },
+      el("td", { class: `k ${kind}`, text: name }), ...values.map((v) => el("td", { class: "v", text: v }))));
+    $("compare").replaceChildren(rows.length
+      ? el("table", { class: "kv grid compare" }, el("thead", {}, head), el("tbody", {}, ...body))
+      : el("div", { class: "none", text: "The selected runs do not differ in their params or last values." }));
   }
 
   function smooth(ys, weight) {
@@ -634,6 +662,8 @@
             size: (u, values) => (values ? Math.max(40, 14 + 7 * Math.max(...values.map((v) => String(v).length))) : 56) }],
         cursor: { drag: { x: true, y: false } },
         hooks: {
+          // The crosshair's tooltip: every run's value at the x under the cursor.
+          setCursor: [(u) => this.tooltip(u, series, rawIndexes)],
           setSelect: [(u) => {
             if (u.select.width < 3) return;
             const min = u.posToVal(u.select.left, "x"), max = u.posToVal(u.select.left + u.select.width, "x");
@@ -652,6 +682,29 @@
         c.zoom = null; c.zoomData = null; c.key = "";
         this.draw(metric, c, runIds, legend);
       });
+    }
+
+    tooltip(u, series, rawIndexes) {
+      let tip = u.over.querySelector(".tip");
+      if (!tip) { tip = el("div", { class: "tip" }); u.over.append(tip); }
+      const idx = u.cursor.idx;
+      if (idx === null || idx === undefined || u.cursor.left < 0) { tip.hidden = true; return; }
+      const x = u.data[0][idx];
+      const xText = state.x === "time" ? fmtTime(x) : state.x === "relative" ? fmtRelative(x, u.scales.x.max - u.scales.x.min) : fmtNum(x);
+      const rows = [];
+      for (let i = 1; i < series.length; i++) {
+        if (rawIndexes.includes(i)) continue;
+        const v = u.data[i][idx];
+        if (v === null || v === undefined) continue;
+        rows.push(el("div", { class: "tip-row" }, el("span", { class: "swatch", style: `background:${series[i].stroke};border-color:${series[i].stroke}` }),
+          el("span", { class: "tip-name", text: series[i].label }), el("b", { text: fmtNum(v) })));
+      }
+      tip.replaceChildren(el("div", { class: "tip-x", text: `${series[0].label} ${xText}` }), ...rows);
+      tip.hidden = !rows.length;
+      // Beside the cursor, on the side with room.
+      const left = u.cursor.left + 14, width = u.over.clientWidth;
+      tip.style.left = `${left + tip.offsetWidth > width ? Math.max(0, u.cursor.left - tip.offsetWidth - 14) : left}px`;
+      tip.style.top = `${Math.max(0, Math.min(u.cursor.top + 10, u.over.clientHeight - tip.offsetHeight))}px`;
     }
 
     csv(metric, c) {
@@ -852,6 +905,7 @@
     saveView();
     if (state.view === "runs") refreshSeries(); else if (state.runId) loadRun(state.runId, false);
   }));
+  $("only-diff").addEventListener("change", renderCompare);
   $("outliers").addEventListener("change", () => { state.outliers = $("outliers").checked; saveView(); redrawCharts(); });
   $("metric-filter").addEventListener("input", debounce(() => {
     state.metricFilter = $("metric-filter").value.trim();
