@@ -549,6 +549,14 @@ class RunPipeline:
         with self._until_deadline() as scope:
             await self._deliver_until_deadline()
         if self.fenced:
+            # The report is made (fence()) and no record moves any more, but the lanes'
+            # tasks still end: a backend call queued for a worker thread is given up, not
+            # left in the pool's queue (where it would hold its endpoint's share for ever).
+            for lane in self.lanes:
+                lane.stop()
+            with self._until_deadline(shield=True, offset=SPOOL_GRACE_S):
+                for lane in self.lanes:
+                    await lane.wind_down()
             assert self._final is not None
             return self._final
         # The deadline: delivery stops; until SPOOL_GRACE_S past it, what is undelivered goes
