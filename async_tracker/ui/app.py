@@ -124,7 +124,8 @@ def _api(live: LiveStore, endpoint: Endpoint) -> Callable[[Request], Response]:
                 raise BadRequestError(
                     f"the query is longer than the limit of {MAX_QUERY_BYTES} bytes"
                 )
-            return json_response(endpoint(live, request))
+            answer = endpoint(live, request)
+            return answer if isinstance(answer, Response) else json_response(answer)
         except UnknownRunError as exc:
             return _error(404, _scrub(str(exc), live))
         except FilterError as exc:
@@ -175,21 +176,37 @@ def _num(value: float | None) -> float | str | None:
 
 
 def _runs(live: LiveStore, request: Request) -> object:
+    """The run list. Its answer for one URL is a function of the store's version alone: it
+    carries that version as its ETag, and a client that has it (the page polls with
+    ``Cache-Control: no-cache``, so the browser revalidates) gets 304 and no body while
+    nothing changed, before any filtering or encoding: an idle tab costs the server one look
+    at the store per ``refresh_s``."""
     q = request.query_params
+    etag = _etag(live, live.refresh())
+    if etag in request.headers.get("if-none-match", ""):
+        return Response(status_code=304, headers={"ETag": etag, "Cache-Control": "no-cache"})
     changes = live.changes(
         cursor=_int(q.get("cursor", "0"), "cursor"),
         filter=q.get("filter", ""),
         sort=q.get("sort", ""),
         search=q.get("search", "").strip(),
     )
-    return {
+    response = json_response({
         "version": changes.version,
         "runs": [run_json(r) for r in changes.runs],
         "ids": changes.ids,
         "differ": changes.differ,
         "total": changes.total,
         "store": store_name(live.label),
-    }
+    })  # fmt: skip
+    response.headers["ETag"] = _etag(live, changes.version)
+    response.headers["Cache-Control"] = "no-cache"
+    return response
+
+
+def _etag(live: LiveStore, version: int) -> str:
+    # The server's own mark beside the version: another server (a restart) counts anew.
+    return f'"{live.instance}-{version}"'
 
 
 def _run(live: LiveStore, request: Request) -> object:

@@ -22,6 +22,7 @@ runs' points in the background, so that the first charts usually come from memor
 from __future__ import annotations
 
 import collections
+import secrets
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -201,6 +202,9 @@ class LiveStore:
         self._points: collections.OrderedDict[str, _RunPoints] = collections.OrderedDict()
         self.max_points = max_points
         self.reads = 0  # run-list reads of the store, for tests and the benchmark
+        # This server's mark in the run list's ETags (see app._runs): versions count from 0
+        # again in another server.
+        self.instance = secrets.token_hex(4)
 
     # -- the run list ---------------------------------------------------------------------------
     def refresh(self, force: bool = False) -> int:

@@ -152,7 +152,7 @@ def start_chromium(*args: str) -> Any:
     for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage",
                 "--window-size=1400,900", "--disable-gpu", "--hide-scrollbars", *args):  # fmt: skip
         options.add_argument(arg)
-    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL", "performance": "ALL"})
     driver = webdriver.Chrome(options=options, service=Service(paths[1]))
     driver.set_window_size(1400, 900)
     return driver

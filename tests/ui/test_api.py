@@ -16,6 +16,7 @@ pytest.importorskip("httpx2")  # what starlette.testclient needs
 
 from starlette.testclient import TestClient
 
+import async_tracker
 from async_tracker.adapters import as_sync
 from async_tracker.init_run import open_store
 from async_tracker.runtime.process import runtime
@@ -389,3 +390,24 @@ def test_answers_are_compressed_for_clients_that_take_it(store: Path) -> None:
     assert packed.headers["content-encoding"] == "gzip"
     assert packed.json() == plain.json()  # the client unpacks it
     assert int(packed.headers["content-length"]) < len(plain.content) / 2
+
+
+def test_the_run_list_is_304_while_nothing_changed(store: Path, tmp_path: Path) -> None:
+    client, _ = client_for(store)
+    first = client.get("/api/runs?cursor=0")
+    version = ok(first)["version"]
+    etag = first.headers["etag"]
+    assert first.headers["cache-control"] == "no-cache"
+    # The page's next poll, nothing written meanwhile: 304, no body, no list built.
+    again = client.get(f"/api/runs?cursor={version}", headers={"If-None-Match": etag})
+    assert again.status_code == 304 and again.content == b""
+    # A run written: the version moves, the answer is whole again, with the new run.
+    run = async_tracker.init("more", dir=str(store), id="more/1", spool_dir=str(tmp_path / "s"))
+    run.log_metric("loss", 1.0)
+    assert run.close(30).ok
+    changed = client.get(f"/api/runs?cursor={version}", headers={"If-None-Match": etag})
+    assert changed.status_code == 200 and changed.headers["etag"] != etag
+    assert [r["id"] for r in changed.json()["runs"]] == ["more/1"]
+    # Another server over the same store counts its versions anew: its ETags differ.
+    other, _ = client_for(store)
+    assert other.get("/api/runs").headers["etag"] != changed.headers["etag"]

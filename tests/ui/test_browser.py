@@ -564,3 +564,28 @@ def test_hovering_a_chart_shows_every_runs_value_at_that_x(page: Any) -> None:
     # The values are the curves' at that step.
     shown = [float(value) for _, value in tip[1]]
     assert shown == pytest.approx([loss(0.1, step), loss(0.01, step)], rel=1e-3)
+
+
+def test_an_idle_page_polls_the_run_list_by_304s(page: Any, ui_server: UiServer) -> None:
+    import json
+
+    mine = ui_server.url + "api/runs?"  # the session's browser logged other tests' servers
+    urls: dict[str, str] = {}
+    wire: list[int] = []  # the run list's statuses as the server sent them
+
+    def poll_log() -> int:
+        for entry in page.get_log("performance"):
+            message = json.loads(entry["message"])["message"]
+            params = message["params"]
+            if message["method"] == "Network.requestWillBeSent":
+                urls[params["requestId"]] = params["request"]["url"]
+            elif message["method"] == "Network.responseReceivedExtraInfo" and urls.get(
+                params["requestId"], ""
+            ).startswith(mine):
+                # (The page's fetch then sees the cached 200: Chromium answers it.)
+                wire.append(params["statusCode"])
+        return wire.count(304)
+
+    # The store does not change: after the first answer, the browser revalidates each poll
+    # with the ETag it holds, and the server answers 304 with no body.
+    until(page, lambda: poll_log() >= 2, "two polls answered 304")

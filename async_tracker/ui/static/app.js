@@ -103,8 +103,10 @@
   const metricKey = (name) => quote(name) + ".last";
 
   // -- talking to the server ----------------------------------------------------------------
-  async function getJSON(url) {
-    const res = await fetch(url, { cache: "no-store" });
+  // cache "no-cache": the browser revalidates what it holds (the run list's ETag: 304 while
+  // nothing changed, answered from its cache); "no-store" for everything else.
+  async function getJSON(url, cache) {
+    const res = await fetch(url, { cache: cache || "no-store" });
     let body = null;
     try { body = await res.json(); } catch (e) { body = null; }
     if (!res.ok) {
@@ -132,7 +134,7 @@
     const q = new URLSearchParams({ cursor: state.cursor, filter: state.filter,
       sort: state.sort, search: state.search });
     try {
-      const data = await getJSON(`/api/runs?${q}`);
+      const data = await getJSON(`/api/runs?${q}`, "no-cache");
       if (generation !== state.generation) return;  // the filter changed meanwhile
       showFilterError(null);
       banner(null);
