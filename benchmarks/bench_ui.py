@@ -48,7 +48,9 @@ from async_tracker.init_run import open_store
 from async_tracker.records import TrackerMetric
 from async_tracker.runtime.process import runtime
 from async_tracker.store.downsample import min_max
-from async_tracker.store.runs import read_runs
+from async_tracker.store.open import open_reader
+from async_tracker.store.reader import GenericReader
+from async_tracker.store.sync_reader import Reader
 from async_tracker.ui.app import create_app
 from async_tracker.ui.live import LiveStore
 
@@ -87,8 +89,8 @@ def bench_big(root: Path, points: int, rounds: int, browser: bool) -> None:
     full_read = time.perf_counter() - t
     assert len(frame) == points
     del frame
-    live = LiveStore(as_sync(open_store(root)), f"store {root}", refresh_s=0.0)
-    client = TestClient(create_app(live))
+    live = LiveStore(open_reader(root), refresh_s=0.0)
+    client = TestClient(create_app(live), base_url="http://127.0.0.1")
     query = {"run": "big/1", "metric": "loss", "width": "1200"}
     t = time.perf_counter()
     first = client.get("/api/series", params=query).json()["series"][0]
@@ -196,14 +198,15 @@ def bench_live(root: Path, runs: int, rounds: int) -> None:
     # most once per refresh_s: a clock of our own, moved on once per refresh, makes each
     # refresh read it exactly once (as a page polling does).
     now = [0.0]
-    live = LiveStore(as_sync(open_store(root)), f"store {root}", clock=lambda: now[0])
+    live = LiveStore(open_reader(root), clock=lambda: now[0])
     cursor = live.changes().version
     for run_id in ids[:2]:
         live.series(run_id)
     cached: list[float] = []
     uncached: list[float] = []
     listed: list[float] = []
-    plain = as_sync(open_store(root))
+    # Every run read through the tracker API: no summary, no index.
+    plain = Reader(GenericReader(open_store(root)), None)
     store = Store(root)
     for r in range(rounds):
         log_some(r)
@@ -218,7 +221,7 @@ def bench_live(root: Path, runs: int, rounds: int) -> None:
         assert changes.runs and live.reads == reads + 1, "one read of the list per refresh"
         cursor = changes.version
         t = time.process_time()
-        read_runs(plain)
+        plain.list_runs(None)
         listed.append(time.process_time() - t)
         store.metrics(ids[:2])
         uncached.append(time.process_time() - t)
@@ -278,19 +281,131 @@ def server_cpu_per_refresh(
         server.wait()
 
 
+# In the page: the ms from a filter's keystroke to the table showing its rows (the page's
+# own debounce included), and the long tasks (over 50 ms) seen meanwhile.
+FILTER_AND_WAIT = """
+const [text, want, done] = arguments;
+const box = document.getElementById("filter");
+const t0 = performance.now();
+box.value = text;
+box.dispatchEvent(new Event("input"));
+(function check() {
+  const label = document.getElementById("run-count").textContent;
+  if (label.startsWith(want + " of")) done(performance.now() - t0);
+  else requestAnimationFrame(check);
+})();
+"""
+# Long tasks (the page frozen) over ``arguments[0]`` ms of an idle page: their share.
+FROZEN = """
+const [ms, done] = arguments;
+let busy = 0;
+const seen = new PerformanceObserver((list) => {
+  for (const e of list.getEntries()) busy += e.duration;
+});
+seen.observe({ type: "longtask" });
+setTimeout(() => { seen.disconnect(); done(busy / ms); }, ms);
+"""
+
+
+def bench_table(root: Path, runs: int, idle_s: float) -> None:
+    """The runs table of ``runs`` runs in Chromium: from the page opened to the table shown
+    (the first rows and the count of every run), the share of an idle stretch the page is
+    frozen (long tasks), a filter keystroke's answer, and the server's CPU while the tab sits
+    idle (its polls, from /proc)."""
+    from benchmarks.bench_read import write_runs
+
+    print(f"\n== the runs table: {runs} runs ==")
+    took = write_runs(root, runs, steps=20, segments=1, procs=2)
+    # The bench's writers call the backend directly and leave the index unfolded (a job's
+    # pipeline folds it as its runs end): the first listing compacts it, timed on its own.
+    t = time.perf_counter()
+    open_reader(root).list_runs(None)
+    print(f"written in {took:.1f} s; the index compacted by a first listing in "
+          f"{time.perf_counter() - t:.1f} s")  # fmt: skip
+    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
+    driver_path = shutil.which("chromedriver")
+    if not chromium or not driver_path:
+        print("table: skipped (no chromium or chromedriver on PATH)")
+        return
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = chromium
+    for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage",
+                "--window-size=1400,900"):  # fmt: skip
+        options.add_argument(arg)
+    driver = webdriver.Chrome(options=options, service=Service(driver_path))
+    driver.set_script_timeout(120)
+    server = subprocess.Popen(
+        [sys.executable, "-m", "async_tracker", "ui", "--store", str(root), "--port", "0",
+         "--preload", "0"],
+        stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert server.stdout is not None
+        url = server.stdout.readline().strip()
+        shown = []
+        for _ in range(3):  # the first, and again with the server's list read
+            driver.get("about:blank")
+            t = time.perf_counter()
+            driver.get(url + "#/?sel=none")
+            WebDriverWait(driver, 120).until(lambda d: d.execute_script(
+                "return document.getElementById('run-count').textContent"
+                ".endsWith(arguments[0] + ' runs')", str(runs)
+            ))  # fmt: skip
+            shown.append(time.perf_counter() - t)
+        rows = driver.execute_script("return document.querySelectorAll('tr[data-run-id]').length")
+        frozen = float(driver.execute_async_script(FROZEN, idle_s * 1000))
+        # lr is 1e-1 .. 1e-5 by run (i % 5): a fifth of the runs have lr < 5e-5.
+        keystroke = [float(driver.execute_async_script(FILTER_AND_WAIT, text, str(want)))
+                     for text, want in (("lr<5e-5", runs // 5), ("", runs)) * 2]  # fmt: skip
+        ticks = os.sysconf("SC_CLK_TCK")
+
+        def cpu() -> float:
+            fields = Path(f"/proc/{server.pid}/stat").read_text().rsplit(")", 1)[1].split()
+            return (int(fields[11]) + int(fields[12])) / ticks
+
+        time.sleep(2)
+        before, t = cpu(), time.perf_counter()
+        time.sleep(idle_s)
+        idle = (cpu() - before) / (time.perf_counter() - t)
+    finally:
+        driver.quit()
+        server.terminate()
+        server.wait()
+    print(f"table shown (page opened -> every run counted, {rows} rows drawn): first "
+          f"{shown[0]:.2f} s, then {min(shown[1:]):.2f} s")  # fmt: skip
+    print(f"idle page frozen (long tasks) {frozen:.1%} of {idle_s:.0f} s")
+    print(f"filter keystroke -> rows shown: median {statistics.median(keystroke):.0f} ms "
+          f"({', '.join(f'{k:.0f}' for k in keystroke)})")  # fmt: skip
+    print(f"server CPU with an idle tab open: {idle:.2%} of a core")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--points", type=int, default=10_000_000)
     parser.add_argument("--runs", type=int, default=100)
     parser.add_argument("--rounds", type=int, default=20)
     parser.add_argument("--no-browser", action="store_true")
+    parser.add_argument("--table-runs", type=int, nargs="*", default=[2_000, 20_000],
+                        help="the runs table's sizes (none: skip it)")
+    parser.add_argument("--idle-s", type=float, default=10.0)
+    parser.add_argument("--only", choices=["table", "live", "big"])
     args = parser.parse_args()
     load = os.getloadavg()[0]
     print(f"{platform.python_implementation()} {platform.python_version()}, "
           f"{os.cpu_count()} CPUs, load {load:.2f}, {platform.platform()}")  # fmt: skip
     with tempfile.TemporaryDirectory() as tmp:
-        bench_live(Path(tmp) / "live", args.runs, args.rounds)
-        bench_big(Path(tmp) / "big", args.points, max(3, args.rounds // 4), not args.no_browser)
+        if args.only in (None, "table") and not args.no_browser:
+            for n in args.table_runs:
+                bench_table(Path(tmp) / f"table-{n}", n, args.idle_s)
+        if args.only in (None, "live"):
+            bench_live(Path(tmp) / "live", args.runs, args.rounds)
+        if args.only in (None, "big"):
+            bench_big(Path(tmp) / "big", args.points, max(3, args.rounds // 4),
+                      not args.no_browser)  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -5,8 +5,9 @@ Endpoints (every answer is JSON; an error is ``{"error": "one line"}`` with its 
     GET /                      the page (static/index.html)
     GET /static/...            its scripts, styles and the vendored chart library
     GET /api/runs              the run list: ?cursor=N&filter=EXPR&sort=[-]KEY&search=TEXT
-                               -> {version, runs: [changed after cursor], ids: [all shown,
-                                  in order], differ: [params that differ], total, store}
+                               -> {version, runs: [every run changed after cursor, shown or
+                                  not], ids: [those shown, in order], differ: [params that
+                                  differ], total, store}
     GET /api/runs/{id}         one run: its summary, params, tags, note, artifacts, lineage
                                and live writers (heartbeats, delivery state)
     GET /api/series            curves: ?run=ID (repeated) &metric=NAME (repeated; all
@@ -198,6 +199,7 @@ def _runs(live: LiveStore, request: Request) -> object:
         "differ": changes.differ,
         "total": changes.total,
         "store": store_name(live.label),
+        "server": live.instance,  # another server (a restart): the page's cursor is void
     })  # fmt: skip
     response.headers["ETag"] = _etag(live, changes.version)
     response.headers["Cache-Control"] = "no-cache"

@@ -3,7 +3,8 @@
 One :class:`LiveStore` per server owns every cache; the endpoints only ask it. It reads:
 
 * **The run list**, at most once per ``refresh_s`` however many clients poll (0.5 s; 5 s for
-  a backend read through the generic reader, whose list reads every run), through the
+  a backend read through the generic reader, whose list reads every run; while nothing
+  changes, less and less often, up to every ``QUIET_REFRESH_S``), through the
   store's reader (:mod:`async_tracker.store.reader`): what changed since the listing's
   cursor. Each run keeps the *version* at which its summary last changed; a client sends
   the version it has (its cursor) and gets back only the runs changed after it.
@@ -45,6 +46,10 @@ DEFAULT_REFRESH_S = 0.5
 # The same for a backend that keeps no run summaries (TensorBoard, MLflow, a plug-in): its
 # list is every run read through the tracker API, points included, so it is read less often.
 SLOW_REFRESH_S = 5.0
+# A store where nothing changes is read less and less often, up to this (an idle dashboard
+# over 20,000 runs then costs a fraction of a percent of a core); a change brings it back to
+# refresh_s at once.
+QUIET_REFRESH_S = 2.0
 # The points kept in memory, all runs together (about 34 bytes each: step and value, and the
 # time as text until charted by time; about 1.7 GB): past it, the runs least recently
 # charted are dropped (read again if asked for again).
@@ -161,9 +166,10 @@ class _RunPoints:
 
 @dataclass(frozen=True)
 class Changes:
-    """What :meth:`LiveStore.changes` returns: the version now, the runs the filter accepts
-    that changed after the client's cursor (all of them for cursor 0), the ids of every run
-    it accepts in order, and the params that differ between them."""
+    """What :meth:`LiveStore.changes` returns: the version now, the runs that changed after
+    the client's cursor (all of them for cursor 0), whether the filter accepts them or not,
+    the ids of every run the filter accepts in order, and the params that differ between
+    them."""
 
     version: int
     runs: list[RunSummary]
@@ -198,6 +204,9 @@ class LiveStore:
         self._version = 0
         self._cursor: object | None = None  # the reader's, after the last listing
         self._read_at: float | None = None
+        # Reads in a row that found nothing changed: each doubles the wait before the next,
+        # up to QUIET_REFRESH_S (never below refresh_s).
+        self._quiet = 0
         # Guarded by _points_lock: the points read of each run, least recently asked first.
         self._points: collections.OrderedDict[str, _RunPoints] = collections.OrderedDict()
         self.max_points = max_points
@@ -212,7 +221,8 @@ class LiveStore:
         the version now. Store errors (``OSError``, ``BackendError``) propagate."""
         with self._index_lock:
             now = self._clock()
-            if not force and self._read_at is not None and now - self._read_at < self.refresh_s:
+            wait = max(self.refresh_s, min(QUIET_REFRESH_S, self.refresh_s * 2**self._quiet))
+            if not force and self._read_at is not None and now - self._read_at < wait:
                 return self._version
             listing = self.reader.list_runs(self._cursor)
             self.reads += 1
@@ -226,6 +236,7 @@ class LiveStore:
                 if listing.complete
                 else set(listing.gone & self._runs.keys())
             )
+            self._quiet = 0 if changed or gone else min(self._quiet + 1, 8)
             if changed or gone:
                 self._version += 1
                 for r in changed:
@@ -244,9 +255,10 @@ class LiveStore:
         sort: str | None = None,
         search: str = "",
     ) -> Changes:
-        """The runs changed after ``cursor`` among those ``filter`` and ``search`` (text in
-        the id, a param value, a tag or the note, ignoring case) accept, in ``sort``'s
-        order. A bad filter raises :class:`~async_tracker.store.expr.FilterError`."""
+        """The runs changed after ``cursor``, and the ids of those ``filter`` and ``search``
+        (text in the id, a param value, a tag or the note, ignoring case) accept, in
+        ``sort``'s order. A bad filter raises
+        :class:`~async_tracker.store.expr.FilterError`."""
         self.refresh()
         with self._index_lock:
             version = self._version
@@ -258,7 +270,9 @@ class LiveStore:
             shown = [r for r in shown if needle in _search_text(r)]
         return Changes(
             version=version,
-            runs=[r for r in shown if entries[r.run_id][1] > cursor],
+            # Every run changed, shown or not: the page keeps them, so that a new filter
+            # needs no run sent again (only its ids).
+            runs=[r for r, v in entries.values() if v > cursor],
             ids=[r.run_id for r in shown],
             differ=differing_params(shown) if len(shown) > 1 else [],
             total=len(summaries),
@@ -409,13 +423,15 @@ class LiveStore:
                 self._points.pop(run_id, None)
 
     def preload(self, stop: threading.Event, budget: int = PRELOAD_POINTS) -> None:
-        """Reads the points of the newest runs (by start) while they fit in ``budget``
-        points held (and in ``max_points``), until ``stop`` is set: what the server does in
-        the background as it starts, so that the first charts come from memory. Errors end
-        it quietly: the requests that need those points meet them again."""
+        """Reads the run list, then the points of the newest runs (by start) while they fit
+        in ``budget`` points held (and in ``max_points``), until ``stop`` is set: what the
+        server does in the background as it starts, so that the first page and its charts
+        come from memory. Errors end it quietly: the requests that meet them report them."""
         budget = min(budget, self.max_points)
         try:
             self.refresh()
+            if budget <= 0:
+                return  # the run list alone
             with self._index_lock:
                 runs = sorted((r for r, _ in self._runs.values()), key=_started, reverse=True)
             for run in runs:

@@ -101,10 +101,11 @@ def serve(
     # A daemon thread: it only reads, and Ctrl-C must not wait for it. It checks `stop`
     # between runs, so it ends within one run's read once the server is done.
     stop = threading.Event()
-    if preload > 0:
-        threading.Thread(
-            target=live.preload, args=(stop, preload), name="async-tracker-ui-preload", daemon=True
-        ).start()
+    # The run list is read as the server starts, in the background (with the points when
+    # preloading): the page's first poll, a moment later, finds it read or under way.
+    threading.Thread(
+        target=live.preload, args=(stop, preload), name="async-tracker-ui-preload", daemon=True
+    ).start()
     try:
         server.run(sockets=[sock])
     except KeyboardInterrupt:

@@ -411,3 +411,24 @@ def test_the_run_list_is_304_while_nothing_changed(store: Path, tmp_path: Path) 
     # Another server over the same store counts its versions anew: its ETags differ.
     other, _ = client_for(store)
     assert other.get("/api/runs").headers["etag"] != changed.headers["etag"]
+
+
+def test_a_quiet_store_is_read_less_often_and_a_change_brings_it_back(
+    store: Path, tmp_path: Path
+) -> None:
+    now = [0.0]
+    live = LiveStore(open_reader(store), refresh_s=0.5, clock=lambda: now[0])
+
+    def reads_at(t: float) -> int:
+        now[0] = t
+        live.refresh()
+        return live.reads
+
+    # Nothing changes: the waits double, 0.5, 1, 2, and stay at 2 s.
+    assert [reads_at(t) for t in (0.0, 0.6, 1.2, 1.7, 3.0, 3.8, 5.0, 5.9)] == \
+        [1, 2, 2, 3, 3, 4, 4, 5]
+    run = async_tracker.init("more", dir=str(store), id="more/2", spool_dir=str(tmp_path / "s"))
+    run.log_metric("loss", 1.0)
+    assert run.close(30).ok
+    assert reads_at(8.0) == 6 and "more/2" in {r.run_id for r in live.changes().runs}
+    assert reads_at(8.6) == 7  # a change: every refresh_s again

@@ -12,6 +12,8 @@
   const POLL_MS = 1000;
   const MAX_PARAM_COLUMNS = 8;
   const MAX_METRIC_COLUMNS = 6;
+  // Rows drawn at first, and added by "Show more": a table of 20,000 runs stays quick.
+  const ROWS_PAGE = 200;
   const PALETTE = ["#4f46e5", "#e11d48", "#059669", "#d97706", "#0891b2", "#7c3aed",
     "#db2777", "#65a30d", "#2563eb", "#ea580c", "#0d9488", "#9333ea"];
   const SYSTEM_PREFIX = "system/";
@@ -29,7 +31,7 @@
     autoPick: false,  // pick the newest runs once the list arrives (a first visit)
     series: new Map(),   // run id -> {sig, x, metrics: {name: {x, y, count}}}
     view: "runs", runId: null, runDetail: null, runSeries: null,
-    polling: false, lastOk: 0, viewLoaded: false,
+    polling: false, lastOk: 0, viewLoaded: false, server: null, rowLimit: ROWS_PAGE,
   };
   window.__charts = {};
 
@@ -136,6 +138,12 @@
     try {
       const data = await getJSON(`/api/runs?${q}`, "no-cache");
       if (generation !== state.generation) return;  // the filter changed meanwhile
+      if (state.server !== null && data.server !== state.server) {
+        // Another server (restarted): its versions count anew, and our cursor means nothing.
+        state.server = null; state.cursor = 0; state.runs.clear();
+        return poll();
+      }
+      state.server = data.server;
       showFilterError(null);
       banner(null);
       $("store-label").textContent = data.store;
@@ -179,10 +187,11 @@
     renderTable();
   }
 
+  // A new filter, search or sort: the runs known stay (the server sends every changed run,
+  // shown or not), only the ids shown are asked for again.
   function restartList() {
     state.generation += 1;
-    state.cursor = 0;
-    state.runs.clear();
+    state.rowLimit = ROWS_PAGE;
     saveView();
     poll();
   }
@@ -343,7 +352,7 @@
     const old = new Map();
     for (const tr of body.children) old.set(tr.dataset.runId, tr);
     let at = body.firstElementChild;
-    for (const r of runs) {
+    for (const r of runs.slice(0, state.rowLimit)) {
       const cells = cellsOf(r, params, metrics);
       let tr = old.get(r.id);
       if (tr) {
@@ -372,6 +381,9 @@
       else at = at.nextElementSibling;
     }
     for (const tr of old.values()) tr.remove();
+    const more = $("runs-more");
+    more.hidden = runs.length <= state.rowLimit;
+    more.textContent = `Show ${Math.min(ROWS_PAGE, runs.length - state.rowLimit)} more (${runs.length - state.rowLimit} not shown)`;
     const empty = $("runs-empty");
     empty.hidden = runs.length > 0;
     empty.textContent = state.total ? "No run matches the filter." : "No runs in this store yet.";
@@ -896,8 +908,10 @@
     }
   }
 
-  $("filter").addEventListener("input", debounce(() => { state.filter = $("filter").value.trim(); restartList(); }, 250));
-  $("search").addEventListener("input", debounce(() => { state.search = $("search").value.trim(); restartList(); }, 250));
+  // Short debounces: a keystroke costs the server a filter over the runs it holds, no read.
+  $("filter").addEventListener("input", debounce(() => { state.filter = $("filter").value.trim(); restartList(); }, 60));
+  $("search").addEventListener("input", debounce(() => { state.search = $("search").value.trim(); restartList(); }, 60));
+  $("runs-more").addEventListener("click", () => { state.rowLimit += ROWS_PAGE; renderTable(); });
   document.querySelectorAll(".seg button").forEach((b) => b.addEventListener("click", () => {
     if (state.x === b.dataset.x) return;
     state.x = b.dataset.x;
