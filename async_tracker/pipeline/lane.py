@@ -134,6 +134,9 @@ class Lane:
         self._completing = 0
         self._cut_off = 0
         self._stopped = False  # stop() was called: delivery is over
+        # The run's lanes, this one included (set by the run's pipeline; read on the loop by
+        # the heartbeat, see delivery_state).
+        self.peers: list[Lane] = [self]
 
     @property
     def memory(self) -> int:
@@ -248,7 +251,15 @@ class Lane:
         return self._cut_off + self._calling + self._completing
 
     def delivery_state(self) -> dict[str, object]:
-        """What a heartbeat tells readers of the lane (see :meth:`status`)."""
+        """What a heartbeat tells readers of the lane (see :meth:`status`); with other
+        lanes in the run, theirs as well (``backends``, by name, this one's included): the
+        store's heartbeat is where a dashboard sees an MLflow lane failing beside it."""
+        state = self._own_state()
+        if len(self.peers) > 1:
+            state["backends"] = {lane.name: lane._own_state() for lane in self.peers}
+        return state
+
+    def _own_state(self) -> dict[str, object]:
         s = self.status(0)
         return {
             "lag_s": round(s.lag_s, 3), "pending": s.in_flight, "spooled": s.spooled,

@@ -140,6 +140,8 @@ class RunPipeline:
             )
             for name, backend in backends
         ]
+        for lane in self.lanes:
+            lane.peers = self.lanes
         # While overloaded, AppRun's hot path is swapped (set_hot) for the packed ingress
         # (spool policy) or for the blocking sink (block policy): the only cost the
         # bound adds to the hot path. set_hot returns once no writer still uses the old one.

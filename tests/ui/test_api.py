@@ -432,3 +432,56 @@ def test_a_quiet_store_is_read_less_often_and_a_change_brings_it_back(
     assert run.close(30).ok
     assert reads_at(8.0) == 6 and "more/2" in {r.run_id for r in live.changes().runs}
     assert reads_at(8.6) == 7  # a change: every refresh_s again
+
+
+# A live run with two backends: the store, and one that fails every write (a server down).
+TWO_BACKENDS = """
+import sys
+import async_tracker
+from async_tracker import AppRun
+from async_tracker.init_run import open_store
+from async_tracker.retry import RetryPolicy
+from tests.faulty import FaultyTracker, transient
+store, spool = sys.argv[1:3]
+down = FaultyTracker(name="mlflow").always("write_batch", transient("server down"))
+retry = RetryPolicy(max_attempts=2, initial_backoff_s=0, max_backoff_s=0, jitter_s=0,
+                    cooldown_s=0.1)
+run = AppRun("two/1", [open_store(store), down], spool_dir=spool, heartbeat_s=0.2,
+             retry=retry)
+run.log_metric("loss", 1.0, step=0)
+print("ready", flush=True)
+sys.stdin.read()
+run.close(5)
+"""
+
+
+def test_the_delivery_state_names_every_backend_of_the_writer(
+    tmp_path: Path, store: Path
+) -> None:
+    client, _ = client_for(store)
+    job = Child(TWO_BACKENDS, str(store), str(tmp_path / "spool-two"))
+    try:
+        assert job.readline(60) == "ready"
+
+        def backends() -> dict[str, Any]:
+            try:
+                data = ok(client.get("/api/runs/two/1"))
+            except AssertionError:  # not listed yet
+                return {}
+            for writer in data["writers"]:
+                found = writer.get("delivery", {}).get("backends", {})
+                if found.get("mlflow", {}).get("retries"):
+                    return dict(found)
+            return {}
+
+        from tests.core.helpers import wait_until
+
+        wait_until(lambda: bool(backends()), "a heartbeat naming the failing backend", 60)
+        both = backends()
+        assert set(both) == {"fsspec", "mlflow"}
+        assert both["mlflow"]["healthy"] is False and "server down" in both["mlflow"]["last_error"]
+        assert both["fsspec"]["healthy"] is True and both["fsspec"]["last_error"] is None
+    finally:
+        job.proc.stdin.close()  # type: ignore[union-attr]
+        job.wait(60)
+        job.close()

@@ -589,3 +589,35 @@ def test_an_idle_page_polls_the_run_list_by_304s(page: Any, ui_server: UiServer)
     # The store does not change: after the first answer, the browser revalidates each poll
     # with the ETag it holds, and the server answers 304 with no body.
     until(page, lambda: poll_log() >= 2, "two polls answered 304")
+
+
+def test_the_run_page_shows_each_backends_delivery_and_a_failed_runs_reason(
+    browser: Any, store: Path, tmp_path: Path
+) -> None:
+    import async_tracker
+    from async_tracker.runtime.ending import Ending
+    from tests.ui.test_api import TWO_BACKENDS
+
+    failed = async_tracker.init("bad", dir=str(store), id="bad/1", spool_dir=str(tmp_path / "b"))
+    failed.log_metric("loss", 1.0)
+    assert failed.close(30, reason=Ending("failed", "ValueError", "loss went to NaN")).ok
+    job = Child(TWO_BACKENDS, str(store), str(tmp_path / "spool-two"))
+    server = UiServer("--store", str(store))
+    try:
+        assert job.readline(60) == "ready"
+        browser.get(server.url + "#/run/two%2F1")
+        until(browser, lambda: "server down" in text(browser, "#run-view"), "mlflow's error")
+        rows = browser.execute_script(
+            "return [...document.querySelectorAll('#run-view table.grid tbody tr')]"
+            ".map(tr => tr.firstElementChild.textContent)"
+        )
+        assert "fsspec" in rows and "mlflow" in rows
+        browser.get(server.url + "#/run/bad%2F1")
+        until(browser, lambda: "loss went to NaN" in text(browser, "#run-view"), "the reason")
+        assert "Ended by" in text(browser, "#run-view")
+    finally:
+        browser.get("about:blank")
+        job.proc.stdin.close()  # type: ignore[union-attr]
+        job.wait(60)
+        job.close()
+        server.close()

@@ -789,14 +789,23 @@
     }
     if (!writers.length) return card("Delivery", "", el("div", { class: "none", text: "No live writer reports its delivery state (heartbeats off, or another backend)." }));
     const dash = (v, unit) => (v === undefined || v === null ? "–" : `${fmtNum(v)}${unit || ""}`);
+    const errorOf = (d) => (d.last_error ? el("span", { class: "delivery-bad", text: d.last_error }) : el("span", { class: "delivery-ok", text: "none" }));
     const blocks = writers.map((w) => {
       const d = w.delivery || {};
-      const err = d.last_error ? el("span", { class: "delivery-bad", text: d.last_error }) : el("span", { class: "delivery-ok", text: "none" });
-      return [
-        writers.length > 1 ? el("div", { class: "writer", text: `writer ${w.writer}` }) : null,
-        kvTable([["heartbeat", `${fmtAgo(w.time)} (every ${fmtNum(w.interval_s)} s)`], ["lag", dash(d.lag_s, " s")],
+      const beat = `${fmtAgo(w.time)} (every ${fmtNum(w.interval_s)} s)`;
+      const head = writers.length > 1 ? el("div", { class: "writer", text: `writer ${w.writer}` }) : null;
+      const backends = Object.entries(d.backends || {});
+      if (backends.length > 1) {
+        // Every backend of the writer, one row each: a failing one stands out beside the rest.
+        return [head, kvTable([["heartbeat", beat]]),
+          gridTable(["backend", "lag", "pending", "spooled", "delivered", "dropped", "retries", "last error"],
+            backends.map(([name, b]) => [el("span", { class: b.healthy === false ? "delivery-bad" : "", text: name }),
+              dash(b.lag_s, " s"), dash(b.pending), dash(b.spooled), dash(b.delivered), dash(b.dropped), dash(b.retries), errorOf(b)]))];
+      }
+      return [head,
+        kvTable([["heartbeat", beat], ["lag", dash(d.lag_s, " s")],
           ["pending in memory", dash(d.pending)], ["spooled to disk", dash(d.spooled)], ["delivered", dash(d.delivered)],
-          ["dropped", dash(d.dropped)], ["retries", dash(d.retries)], ["last error", err]]),
+          ["dropped", dash(d.dropped)], ["retries", dash(d.retries)], ["last error", errorOf(d)]]),
       ];
     });
     return card("Delivery", `${writers.length} live writer${writers.length > 1 ? "s" : ""}`, ...blocks.flat());
