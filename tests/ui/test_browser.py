@@ -621,3 +621,31 @@ def test_the_run_page_shows_each_backends_delivery_and_a_failed_runs_reason(
         job.wait(60)
         job.close()
         server.close()
+
+
+def test_grouping_by_a_param_draws_each_groups_mean_and_band(page: Any, tmp_path: Path) -> None:
+    for run_id in ("base/a", "base/b", "base/c"):
+        select(page, run_id)
+    until(page, lambda: len(charts(page).get("loss", {}).get("runs", [])) == 3, "three runs")
+    choices = page.execute_script(
+        "return [...document.querySelectorAll('#group-by option')].map(o => o.value)"
+    )
+    assert "batch_size" in choices and "lr" in choices
+    page.execute_script(
+        "const g = document.getElementById('group-by'); g.value = 'batch_size';"
+        "g.dispatchEvent(new Event('change'));"
+    )
+    groups = until(page, lambda: charts(page).get("loss", {}).get("groups"), "the groups drawn")
+    assert [(g["label"], g["runs"]) for g in groups] == [
+        ("batch_size=32", ["base/a", "base/b"]), ("batch_size=64", ["base/c"])
+    ]
+    two = groups[0]
+    assert two["x"] == list(range(STEPS))
+    for i in (0, 30, 119):
+        a, b = loss(0.1, i), loss(0.01, i)
+        assert two["mean"][i] == pytest.approx((a + b) / 2)
+        assert (two["lo"][i], two["hi"][i]) == pytest.approx((min(a, b), max(a, b)))
+    assert "group=batch_size" in page.execute_script("return location.hash")
+    legend = text(page, 'div.chart[data-metric="loss"] .u-legend')
+    assert "batch_size=32 (mean of 2)" in legend and "batch_size=64 (mean of 1)" in legend
+    save(page, tmp_path, "ui-grouped.png")

@@ -27,7 +27,7 @@
     cursor: 0, generation: 0, runs: new Map(), ids: [], differ: [], total: 0,
     filter: "", search: "", sort: "",
     selected: [], colors: new Map(), nextColor: 0,
-    x: "step", smoothing: 0, log: false, outliers: false, metricFilter: "",
+    x: "step", smoothing: 0, log: false, outliers: false, metricFilter: "", group: "",
     autoPick: false,  // pick the newest runs once the list arrives (a first visit)
     series: new Map(),   // run id -> {sig, x, metrics: {name: {x, y, count}}}
     view: "runs", runId: null, runDetail: null, runSeries: null,
@@ -157,6 +157,7 @@
       state.lastOk = Date.now();
       setLive(true, "live");
       if (state.autoPick && state.ids.length) pickNewest();
+      groupChoices();
       if (listChanged) renderTable();
       if (state.view === "runs") await refreshSeries();
       else if (state.view === "run" && changed.includes(state.runId)) await loadRun(state.runId, false);
@@ -211,6 +212,7 @@
     if (state.log) q.set("log", "1");
     if (state.outliers) q.set("outliers", "ignore");
     if (state.metricFilter) q.set("metrics", state.metricFilter);
+    if (state.group) q.set("group", state.group);
     const hash = [...q].length ? `#/?${q}` : "";
     // replaceState: a toggle is not a page to go back to (and fires no hashchange).
     if (location.hash !== hash) history.replaceState(null, "", hash || location.pathname + location.search);
@@ -239,6 +241,8 @@
     $("outliers").checked = state.outliers;
     state.metricFilter = q.get("metrics") || "";
     $("metric-filter").value = state.metricFilter;
+    state.group = q.get("group") || "";
+    groupChoices();
     return listChanged;
   }
 
@@ -501,6 +505,71 @@
     return out;
   }
 
+  // -- grouping: the selected runs by a param's value, each group drawn as its mean with a
+  // min-max band (all seeds of one lr as one curve). Computed here from the curves the page
+  // holds (downsampled with every bucket's extremes kept, so spikes stay in the band).
+  const GROUP_POINTS = 2000;
+
+  function groupChoices() {
+    // The params that differ between the listed runs, and the one chosen (kept even when it
+    // no longer differs: the URL asked for it).
+    const box = $("group-by");
+    const keys = [...new Set([...state.differ, ...(state.group ? [state.group] : [])])];
+    const want = JSON.stringify(keys);
+    if (box.dataset.keys !== want) {
+      box.dataset.keys = want;
+      box.replaceChildren(el("option", { value: "", text: "no grouping" }),
+        ...keys.map((k) => el("option", { value: k, text: `group by ${k}` })));
+    }
+    box.value = state.group;
+  }
+
+  function interpolate(x, y, xs) {
+    // y at each of xs (sorted), linear between the curve's points; null outside its range.
+    const out = new Array(xs.length).fill(null);
+    let j = 0;
+    for (let i = 0; i < xs.length; i++) {
+      const t = xs[i];
+      if (!x.length || t < x[0] || t > x[x.length - 1]) continue;
+      while (j < x.length - 1 && x[j + 1] < t) j++;
+      if (x[j] === t) { out[i] = y[j]; continue; }
+      if (x[j + 1] === t) { out[i] = y[j + 1]; continue; }
+      const y0 = y[j], y1 = y[j + 1];
+      if (y0 === null || y1 === null || y0 === undefined || y1 === undefined) continue;
+      out[i] = y0 + (y1 - y0) * (t - x[j]) / (x[j + 1] - x[j]);
+    }
+    return out;
+  }
+
+  function groupLines(lines, key) {
+    const byValue = new Map();
+    for (const l of lines) {
+      const run = state.runs.get(l.id);
+      const value = run && key in run.params ? fmtValue(run.params[key]) : "(unset)";
+      if (!byValue.has(value)) byValue.set(value, []);
+      byValue.get(value).push(l);
+    }
+    return [...byValue.entries()].sort(([a], [b]) => a.localeCompare(b, undefined, { numeric: true })).map(([value, members]) => {
+      // The group's x: every x of its curves, at most GROUP_POINTS of them, evenly picked.
+      let xs = [...new Set(members.flatMap((l) => Array.from(l.x)))].sort((a, b) => a - b);
+      if (xs.length > GROUP_POINTS) {
+        const every = xs.length / GROUP_POINTS;
+        xs = Array.from({ length: GROUP_POINTS }, (_, i) => xs[Math.floor(i * every)]).concat([xs[xs.length - 1]]);
+      }
+      const curves = members.map((l) => interpolate(l.x, l.y, xs));
+      const mean = [], lo = [], hi = [];
+      for (let i = 0; i < xs.length; i++) {
+        const vals = curves.map((ys) => ys[i]).filter((v) => v !== null && Number.isFinite(v));
+        if (!vals.length) { mean.push(null); lo.push(null); hi.push(null); continue; }
+        mean.push(vals.reduce((a, b) => a + b, 0) / vals.length);
+        lo.push(Math.min(...vals));
+        hi.push(Math.max(...vals));
+      }
+      return { label: `${key}=${value}`, ids: members.map((l) => l.id), x: xs, mean, lo, hi,
+        color: state.colors.get(members[0].id) || PALETTE[0] };
+    });
+  }
+
   function legendNames(runIds) {
     // Runs named by the params that differ between them (W&B-like), else by id.
     const runs = runIds.map((id) => state.runs.get(id)).filter(Boolean);
@@ -623,7 +692,7 @@
         const s = c.zoomData ? c.zoomData.get(id) : this.source(id)[metric];
         return s ? { id, s } : null;
       }).filter(Boolean);
-      const key = JSON.stringify([state.x, state.smoothing, state.log, state.outliers, cssVar("--ink", ""),
+      const key = JSON.stringify([state.x, state.smoothing, state.log, state.outliers, state.group, cssVar("--ink", ""),
         lines.map((l) => [l.id, l.s.count, l.s.x.length, legend.get(l.id), state.colors.get(l.id)])]);
       if (key === c.key && c.plot) return;
       c.key = key;
@@ -641,8 +710,22 @@
       window.__charts[this.hook + metric] = { runs: lines.map((l) => l.id), points, counts: lines.map((l) => l.s.count),
         x0: c.lines.map((l) => (l.x.length ? l.x[0] : null)), zoomed: !!c.zoom };
       const tables = [], series = [{ label: { step: "step", time: "time", relative: "since start" }[state.x] }];
-      const rawIndexes = [];
-      for (const [i, l] of lines.entries()) {
+      const rawIndexes = [], bands = [];
+      const groups = state.group && this.hook === "" ? groupLines(c.lines, state.group) : null;
+      if (groups) {
+        window.__charts[this.hook + metric].groups = groups.map((g) => ({ label: g.label, runs: g.ids, x: g.x, mean: g.mean, lo: g.lo, hi: g.hi }));
+        for (const g of groups) {
+          const edge = { stroke: g.color + "55", width: 0.5, spanGaps: true, points: { show: false } };
+          rawIndexes.push(series.length, series.length + 1);  // the band's edges: out of the legend
+          bands.push({ series: [series.length, series.length + 1], fill: g.color + "26" });
+          tables.push([g.x, g.hi], [g.x, g.lo]);
+          series.push({ label: `${g.label} max`, ...edge }, { label: `${g.label} min`, ...edge });
+          tables.push([g.x, smooth(g.mean, state.smoothing)]);
+          series.push({ label: `${g.label} (mean of ${g.ids.length})`, stroke: g.color, width: 1.8, spanGaps: true,
+            points: { show: false }, value: (u, v) => (v === null || v === undefined ? "–" : fmtNum(v)) });
+        }
+      }
+      for (const [i, l] of (groups ? [] : lines).entries()) {
         const xs = c.lines[i].x;
         let ys = l.s.y.map((v) => (v === null ? null : (state.log && v <= 0 ? null : v)));
         const color = state.colors.get(l.id) || PALETTE[0];
@@ -666,7 +749,7 @@
       const range = state.outliers && !state.log ? robustRange(tables) : null;
       const ink = cssVar("--muted", "#6b7385"), grid = cssVar("--grid", "#eef0f3"), tick = cssVar("--line", "#e4e7ec");
       const opts = {
-        width, height: 230, series, legend: { live: true },
+        width, height: 230, series, bands, legend: { live: true },
         scales: { x: { time: state.x === "time" }, y: { distr: state.log ? 3 : 1, ...(range ? { range: () => range } : {}) } },
         axes: [{ stroke: ink, grid: { stroke: grid }, ticks: { stroke: tick },
           incrs: state.x === "step" ? STEP_INCRS : undefined,
@@ -931,6 +1014,7 @@
     if (state.view === "runs") refreshSeries(); else if (state.runId) loadRun(state.runId, false);
   }));
   $("only-diff").addEventListener("change", renderCompare);
+  $("group-by").addEventListener("change", () => { state.group = $("group-by").value; saveView(); redrawCharts(); });
   $("outliers").addEventListener("change", () => { state.outliers = $("outliers").checked; saveView(); redrawCharts(); });
   $("metric-filter").addEventListener("input", debounce(() => {
     state.metricFilter = $("metric-filter").value.trim();
