@@ -259,6 +259,12 @@ def cmd_lineage(t: Reader, args: argparse.Namespace) -> tuple[object, str]:
 
 
 def cmd_compare(t: Reader, args: argparse.Namespace) -> tuple[object, str]:
+    if args.group is not None:
+        return compare_groups(t, args)
+    if args.filter is not None:
+        raise CliError("compare: --filter chooses the runs of --group KEY; name runs otherwise")
+    if not args.RUN_ID:
+        raise CliError("compare: give the runs to compare (ids or names), or --group KEY")
     run_ids = resolve_runs(t, args.RUN_ID)
     params = {r: split_metadata(t.metadata(r))[0] for r in run_ids}
     keys = list(dict.fromkeys(k for md in params.values() for k in md))
@@ -281,6 +287,73 @@ def cmd_compare(t: Reader, args: argparse.Namespace) -> tuple[object, str]:
     if not differ:
         text += "\n(no param differs)"
     return {"runs": run_ids, "params": differ, "metrics": metrics}, text
+
+
+def compare_groups(t: Reader, args: argparse.Namespace) -> tuple[object, str]:
+    """``compare --group KEY``: the runs (those named, else those ``--filter`` accepts, else
+    all) grouped by their value of the param KEY, side by side: per metric the mean of the
+    runs' last values, their spread (lowest to highest last) and the group's min and max,
+    from the run summaries (no point is read). Runs without KEY form a group of their own."""
+    key = args.group
+    if not key:
+        raise CliError("compare: --group takes a param's name, got ''")
+    if args.RUN_ID:
+        if args.filter is not None:
+            raise CliError("compare: name runs, or choose them with --filter, not both")
+        runs, _ = t.select_runs(None, None, None, resolve_runs(t, args.RUN_ID))
+    else:
+        try:
+            runs, _ = t.select_runs(args.filter, None, None)
+        except FilterError as exc:
+            raise CliError(f"compare: --filter: {exc}") from exc
+    if not runs:
+        raise CliError("compare: no run to group" + (" (the filter accepts none)"
+                                                     if args.filter else ""))  # fmt: skip
+    missing = object()
+    groups: dict[str, list[RunSummary]] = {}
+    for run in sorted(runs, key=lambda r: r.run_id):
+        value = run.params.get(key, missing)
+        label = f"{key}={cell(value)}" if value is not missing else f"{key} unset"
+        groups.setdefault(label, []).append(run)
+    if all(label == f"{key} unset" for label in groups):
+        raise CliError(f"compare: no run has the param {key!r}")
+    labels = sorted(groups, key=lambda g: (g.endswith(" unset"), _number_first(g)))
+    names = sorted({n for rs in groups.values() for r in rs for n in r.metrics})
+    data: dict[str, Any] = {"group": key, "groups": {}}
+    rows: list[list[object]] = [["runs", "", *(len(groups[g]) for g in labels)]]
+    stats: dict[str, dict[str, dict[str, float | None]]] = {}
+    for label in labels:
+        per_metric: dict[str, dict[str, float | None]] = {}
+        for name in names:
+            summaries = [r.metrics[name] for r in groups[label] if name in r.metrics]
+            lasts = [m.last for m in summaries if m.last is not None and not math.isnan(m.last)]
+            lows = [m.min for m in summaries if m.min is not None and not math.isnan(m.min)]
+            highs = [m.max for m in summaries if m.max is not None and not math.isnan(m.max)]
+            per_metric[name] = {
+                "runs": len(summaries),
+                "last_mean": sum(lasts) / len(lasts) if lasts else None,
+                "last_min": min(lasts, default=None),
+                "last_max": max(lasts, default=None),
+                "min": min(lows, default=None),
+                "max": max(highs, default=None),
+            }
+        stats[label] = per_metric
+        data["groups"][label] = {"runs": [r.run_id for r in groups[label]], "metrics": per_metric}
+    shown = (("last_mean", "last, mean"), ("last_min", "last, lowest"),
+             ("last_max", "last, highest"), ("min", "min"), ("max", "max"))  # fmt: skip
+    for name in names:
+        for stat, title in shown:
+            rows.append([name, title, *(stats[g][name][stat] for g in labels)])
+    return data, table(["METRIC", "", *labels], rows)
+
+
+def _number_first(label: str) -> tuple[int, float, str]:
+    """Groups in the order of their values: numbers by value, then text."""
+    value = label.split("=", 1)[-1]
+    try:
+        return (0, float(value), "")
+    except ValueError:
+        return (1, 0.0, value)
 
 
 def _stats(points: Sequence[TrackerMetric]) -> dict[str, float]:
@@ -336,9 +409,20 @@ def register(
     cmp = sub.add_parser(
         "compare",
         parents=[common],
-        help="params that differ and last/min/max of each metric, runs side by side",
+        help="params that differ and last/min/max of each metric, runs side by side; "
+        "--group KEY: groups of runs (by a param) side by side",
     )
-    cmp.add_argument("RUN_ID", nargs="+", help="runs to compare (ids or unique prefixes)")
+    cmp.add_argument("RUN_ID", nargs="*", help="runs to compare (ids, names or unique prefixes)")
+    cmp.add_argument(
+        "--group",
+        metavar="KEY",
+        help="group the runs by their value of the param KEY (all seeds of one lr): per group "
+        "and metric, the mean of the last values, their spread, min and max. Without runs "
+        "named: every run, or those --filter accepts",
+    )
+    cmp.add_argument(
+        "--filter", metavar="EXPR", help="with --group: the runs to group (as list jobs --filter)"
+    )
     cmp.set_defaults(func=run_query(cmd_compare))
 
     lin = sub.add_parser(

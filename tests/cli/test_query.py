@@ -443,3 +443,39 @@ def test_sort_takes_a_minus_key_as_typed_and_unknown_keys_are_named(
     # A key some run has is no mistake, even when the runs shown lack it.
     done = cli("list", "jobs", "--filter", "lr<0.05", "--limit", "1")
     assert done.returncode == 0 and done.stderr == ""
+
+
+def test_compare_groups_runs_by_a_param(
+    isolated: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # A sweep: two lrs, three seeds each, and a run without lr.
+    for lr in (0.1, 0.01):
+        for seed in range(3):
+            with async_tracker.init("sweep", config={"lr": lr, "seed": seed}, quiet=True) as run:
+                for step, value in enumerate((1.0, lr * (seed + 1), lr * 10 * (seed + 1))):
+                    run.log_metric("loss", value, step=step)
+    with async_tracker.init("other", config={"seed": 0}, quiet=True) as run:
+        run.log_metric("loss", 0.5)
+    data = run_json(capsys, "compare", "--group", "lr", "--filter", "params.lr>0")
+    assert list(data["groups"]) == ["lr=0.01", "lr=0.1"]  # by value
+    small, big = data["groups"]["lr=0.01"], data["groups"]["lr=0.1"]
+    assert len(small["runs"]) == len(big["runs"]) == 3
+    loss = big["metrics"]["loss"]
+    assert loss["runs"] == 3
+    assert loss["last_mean"] == pytest.approx(2.0)  # lasts 1, 2, 3
+    assert (loss["last_min"], loss["last_max"]) == pytest.approx((1.0, 3.0))
+    assert (loss["min"], loss["max"]) == pytest.approx((0.1, 3.0))
+    # Every run: the one without lr is a group of its own, last.
+    assert list(run_json(capsys, "compare", "--group", "lr")["groups"]) == [
+        "lr=0.01", "lr=0.1", "lr unset"
+    ]
+    assert main(["compare", "--group", "lr"]) == 0
+    text = capsys.readouterr().out
+    assert "lr=0.01" in text and "last, mean" in text
+    # Clear errors: a param no run has, --filter without --group, nothing named.
+    assert main(["compare", "--group", "momentum"]) == 2
+    assert "no run has the param 'momentum'" in capsys.readouterr().err
+    assert main(["compare", "--filter", "lr>0"]) == 2
+    assert "--filter chooses the runs of --group" in capsys.readouterr().err
+    assert main(["compare"]) == 2
+    assert "give the runs to compare" in capsys.readouterr().err
