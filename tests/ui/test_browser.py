@@ -102,6 +102,8 @@ def test_the_table_lists_the_runs_and_the_filter_narrows_them(page: Any) -> None
         "return [...document.querySelectorAll('#runs-head th')].map(th => th.textContent)"
     )
     assert "lr" in headers and "batch_size" in headers and "model" not in headers
+    # A metric's column says it shows the last value: a param of the same name reads apart.
+    assert "losslast" in headers and "acclast" in headers
     box = page.find_element(By.ID, "filter")
     box.send_keys("lr<0.05")
     until(page, lambda: set(rows(page)) == {"base/b", "base/c"}, "the filter applied")

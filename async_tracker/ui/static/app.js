@@ -99,6 +99,11 @@
   // A run that failed or was killed says what ended it (run.cause) on hover.
   const badge = (status, cause) => el("span", { class: `badge ${status}`, text: status || "unknown", title: cause || null });
 
+  // Params the tracker records itself (init's project, where each process ran): after the
+  // user's own in the table, and never what names a run in a legend.
+  const isAutoParam = (name) => name === "project" || name === "system" || name.startsWith("system/");
+  const userFirst = (names) => [...names.filter((n) => !isAutoParam(n)), ...names.filter(isAutoParam)];
+
   // -- the filter language's keys, quoted (see async_tracker/store/expr.py) ---------------
   const quote = (name) => "`" + name.replace(/[\\`]/g, (c) => "\\" + c) + "`";
   const paramKey = (name) => "params." + quote(name);
@@ -270,7 +275,7 @@
     return null;
   }
 
-  function header(label, key, cls, descFirst) {
+  function header(label, key, cls, descFirst, note) {
     // A sort header is a button: reachable by Tab, sorted by Enter or Space.
     const th = el("th", { class: cls || "", "aria-sort": key ? ariaSort(key) : null });
     if (key) {
@@ -282,7 +287,7 @@
           else state.sort = descFirst ? "-" + key : key;
           restartList();
         },
-      }, label, sortArrow(key)));
+      }, label, note ? el("span", { class: "col-note", text: note }) : null, sortArrow(key)));
     } else {
       th.classList.add("nosort");
       th.append(label);
@@ -334,7 +339,7 @@
 
   function renderTable() {
     const runs = shownRuns();
-    const params = state.differ.slice(0, MAX_PARAM_COLUMNS);
+    const params = userFirst(state.differ).slice(0, MAX_PARAM_COLUMNS);
     const metrics = metricColumns(runs);
     const layout = JSON.stringify([params, metrics, state.sort]);
     const head = $("runs-head");
@@ -349,7 +354,7 @@
         header("Duration", "duration", "num", true),
         ...params.map((p) => header(p, paramKey(p), "group-param")),
         header("Tags", null),
-        ...metrics.map((m) => header(m, metricKey(m), "num group-metric")),
+        ...metrics.map((m) => header(m, metricKey(m), "num group-metric", false, "last")),
       );
       body.replaceChildren();
     }
@@ -470,7 +475,7 @@
     $("compare-card").hidden = runs.length < 2;
     if (runs.length < 2) { compareKey = ""; return; }
     const onlyDiff = $("only-diff").checked;
-    const params = [...new Set(runs.flatMap((r) => Object.keys(r.params)))].sort();
+    const params = userFirst([...new Set(runs.flatMap((r) => Object.keys(r.params)))].sort());
     const metrics = [...new Set(runs.flatMap((r) => Object.keys(r.metrics)))].filter((m) => !m.startsWith(SYSTEM_PREFIX)).sort();
     const rows = [
       ...params.map((p) => ["param", p, runs.map((r) => (p in r.params ? fmtValue(r.params[p]) : "–"))]),
@@ -575,7 +580,7 @@
     const runs = runIds.map((id) => state.runs.get(id)).filter(Boolean);
     const keys = new Set();
     for (const r of runs) Object.keys(r.params).forEach((k) => keys.add(k));
-    const differ = [...keys].filter((k) => new Set(runs.map((r) => JSON.stringify(r.params[k]))).size > 1).slice(0, 3);
+    const differ = [...keys].filter((k) => !isAutoParam(k) && new Set(runs.map((r) => JSON.stringify(r.params[k]))).size > 1).slice(0, 3);
     const names = new Map();
     for (const r of runs) {
       const label = differ.filter((k) => k in r.params).map((k) => `${k}=${fmtValue(r.params[k])}`).join(" · ");
