@@ -1,7 +1,17 @@
-"""The dashboard (``async-tracker ui``): a huge metric drawn, and the cost of following live runs.
+"""The dashboard (``async-tracker ui``): the runs table at thousands of runs, a huge metric
+drawn, and the cost of following live runs.
 
     python -m benchmarks.bench_ui [--points 10000000] [--runs 100] [--rounds 20] [--no-browser]
+                                  [--table-runs 2000 20000] [--idle-s 10]
+                                  [--only table|live|big]
 
+* ``the runs table`` (Chromium needed): ``--table-runs`` runs written as a job's pipeline
+  writes them; ``async-tracker ui`` started and the page opened at once: the seconds to the
+  table shown (every run counted), then with the page opened again; the share of
+  ``--idle-s`` the idle page is frozen (long tasks); a filter keystroke to its rows shown
+  (the page's debounce included); the server's CPU with the idle tab open (from /proc); then
+  the same runs exported (``async-tracker export tensorboard``) and ``tensorboard --logdir``
+  started: to its run list holding them all, and to one run's curve.
 * ``big metric``: one run of a local store holding one metric of ``--points`` points (written
   as 1M-point segments by the fsspec backend's own ``add_metrics``). Reports the cold first
   read (a server without its preload parses every segment into numpy columns; baseline:

@@ -1006,8 +1006,8 @@
   }
 
   // Short debounces: a keystroke costs the server a filter over the runs it holds, no read.
-  $("filter").addEventListener("input", debounce(() => { state.filter = $("filter").value.trim(); restartList(); }, 60));
-  $("search").addEventListener("input", debounce(() => { state.search = $("search").value.trim(); restartList(); }, 60));
+  $("filter").addEventListener("input", debounce(() => { state.filter = $("filter").value.trim(); restartList(); }, 30));
+  $("search").addEventListener("input", debounce(() => { state.search = $("search").value.trim(); restartList(); }, 30));
   $("runs-more").addEventListener("click", () => { state.rowLimit += ROWS_PAGE; renderTable(); });
   document.querySelectorAll(".seg button").forEach((b) => b.addEventListener("click", () => {
     if (state.x === b.dataset.x) return;
