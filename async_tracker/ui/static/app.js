@@ -971,6 +971,7 @@
     if (m) {
       state.view = "run";
       state.runId = decodeURIComponent(m[1]);
+      $("group-by").hidden = true;  // one run: nothing to group
       $("runs-view").hidden = true;
       $("run-view").hidden = false;
       runCharts = null;
@@ -978,6 +979,7 @@
     } else {
       state.view = "runs";
       state.runId = null;
+      $("group-by").hidden = false;
       $("charts-toolbar").append($("chart-controls"));
       $("run-view").hidden = true;
       $("runs-view").hidden = false;
