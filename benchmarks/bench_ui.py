@@ -132,29 +132,38 @@ document.querySelector('tr[data-run-id="big/1"] input').click();
 """
 
 
-def browser_draw(root: Path) -> None:
-    """The page in Chromium, as a user meets it: ``async-tracker ui`` started (its preload
-    on), the page opened as soon as the URL is printed, the run selected as soon as its row
-    shows. Then the same selection with the server warm (median of 3)."""
+def start_browser(part: str) -> Any:
+    """Headless Chromium at 1400x900 on a blank page (up before any clock starts); None,
+    said, without Chromium, its driver or selenium."""
     chromium = shutil.which("chromium") or shutil.which("chromium-browser")
     driver_path = shutil.which("chromedriver")
     try:
         from selenium import webdriver
         from selenium.webdriver.chrome.service import Service
-        from selenium.webdriver.support.ui import WebDriverWait
     except ImportError:
-        print("page: skipped (selenium is not installed)")
-        return
+        print(f"{part}: skipped (selenium is not installed)")
+        return None
     if not chromium or not driver_path:
-        print("page: skipped (no chromium or chromedriver on PATH)")
-        return
+        print(f"{part}: skipped (no chromium or chromedriver on PATH)")
+        return None
     options = webdriver.ChromeOptions()
     options.binary_location = chromium
     for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage",
                 "--window-size=1400,900"):  # fmt: skip
         options.add_argument(arg)
     driver = webdriver.Chrome(options=options, service=Service(driver_path))
-    driver.get("about:blank")  # the browser is up before the clock starts
+    driver.get("about:blank")
+    return driver
+
+
+def browser_draw(root: Path) -> None:
+    """The page in Chromium, as a user meets it: ``async-tracker ui`` started (its preload
+    on), the page opened as soon as the URL is printed, the run selected as soon as its row
+    shows. Then the same selection with the server warm (median of 3)."""
+    driver = start_browser("page")
+    if driver is None:
+        return
+    from selenium.webdriver.support.ui import WebDriverWait
 
     def open_page(url: str) -> None:
         driver.get(url)
@@ -334,23 +343,12 @@ def bench_table(root: Path, runs: int, idle_s: float) -> None:
     open_reader(root).list_runs(None)
     print(f"written in {took:.1f} s; the index compacted by a first listing in "
           f"{time.perf_counter() - t:.1f} s")  # fmt: skip
-    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
-    driver_path = shutil.which("chromedriver")
-    if not chromium or not driver_path:
-        print("table: skipped (no chromium or chromedriver on PATH)")
+    driver = start_browser("table")
+    if driver is None:
         return
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
     from selenium.webdriver.support.ui import WebDriverWait
 
-    options = webdriver.ChromeOptions()
-    options.binary_location = chromium
-    for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage",
-                "--window-size=1400,900"):  # fmt: skip
-        options.add_argument(arg)
-    driver = webdriver.Chrome(options=options, service=Service(driver_path))
     driver.set_script_timeout(120)
-    driver.get("about:blank")  # the browser is up before the clock starts
     started = time.perf_counter()
     server = subprocess.Popen(
         [sys.executable, "-m", "async_tracker", "ui", "--store", str(root), "--port", "0",

@@ -651,3 +651,31 @@ def test_grouping_by_a_param_draws_each_groups_mean_and_band(page: Any, tmp_path
     legend = text(page, 'div.chart[data-metric="loss"] .u-legend')
     assert "batch_size=32 (mean of 2)" in legend and "batch_size=64 (mean of 1)" in legend
     save(page, tmp_path, "ui-grouped.png")
+
+
+@pytest.mark.scale
+def test_two_thousand_runs_list_200_at_a_time_and_filter_at_once(
+    browser: Any, tmp_path: Path
+) -> None:
+    from benchmarks.bench_read import child_write_runs
+
+    root = tmp_path / "many"
+    child_write_runs(str(root), 0, 2000, steps=4, segments=1)
+    server = UiServer("--store", str(root))
+    try:
+        browser.get(server.url + "#/?sel=none")
+        until(browser, lambda: text(browser, "#run-count") == "2000 of 2000 runs", "counted")
+        assert len(rows(browser)) == 200  # drawn 200 at a time
+        more = browser.find_element(By.ID, "runs-more")
+        assert more.text == "Show 200 more (1800 not shown)"
+        more.click()
+        until(browser, lambda: len(rows(browser)) == 400, "200 more")
+        # lr is 10^-(i % 5 + 1): a fifth of the runs have lr < 5e-5.
+        browser.find_element(By.ID, "filter").send_keys("lr<5e-5")
+        until(browser, lambda: text(browser, "#run-count") == "400 of 2000 runs", "filtered")
+        assert len(rows(browser)) == 200 and all(
+            int(run_id.rsplit("-", 1)[1]) % 5 == 4 for run_id in rows(browser)
+        )
+    finally:
+        browser.get("about:blank")
+        server.close()
