@@ -679,3 +679,23 @@ def test_two_thousand_runs_list_200_at_a_time_and_filter_at_once(
     finally:
         browser.get("about:blank")
         server.close()
+
+
+def test_the_column_chooser_picks_the_tables_columns_and_keeps_the_choice(page: Any) -> None:
+    def headers() -> list[str]:
+        return list(page.execute_script(
+            "return [...document.querySelectorAll('#runs-head th')].map(th => th.textContent)"
+        ))  # fmt: skip
+
+    assert "lr" in headers() and "losslast" in headers()
+    page.find_element(By.CSS_SELECTOR, "#columns > summary").click()
+    page.find_element(By.CSS_SELECTOR, '#columns-list input[data-name="lr"]').click()
+    page.find_element(By.CSS_SELECTOR, '#columns-list input[data-name="acc"]').click()
+    until(page, lambda: "lr" not in headers() and "acclast" not in headers(), "two hidden")
+    assert "batch_size" in headers() and "losslast" in headers()
+    page.refresh()  # kept in this browser
+    until(page, lambda: len(rows(page)) == 3, "listed again")
+    assert "lr" not in headers() and "batch_size" in headers()
+    page.find_element(By.CSS_SELECTOR, "#columns > summary").send_keys(Keys.ENTER)
+    page.find_element(By.CSS_SELECTOR, "#columns-list button").click()  # default columns
+    until(page, lambda: "lr" in headers() and "acclast" in headers(), "the defaults back")

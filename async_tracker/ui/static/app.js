@@ -263,10 +263,47 @@
     return state.ids.map((id) => state.runs.get(id)).filter(Boolean);
   }
 
-  function metricColumns(runs) {
+  function metricNames(runs) {
     const names = new Set();
     for (const r of runs) for (const n of Object.keys(r.metrics)) if (!n.startsWith(SYSTEM_PREFIX)) names.add(n);
-    return [...names].sort().slice(0, MAX_METRIC_COLUMNS);
+    return [...names].sort();
+  }
+
+  // -- the column chooser: which params and metrics the table shows. By default the first
+  // params that differ (the user's before the tracker's) and the first metrics by name; once
+  // the user chooses, the choice is kept in this browser (localStorage), for every store.
+  const COLUMNS_KEY = "async-tracker.columns";
+  function chosenColumns() {
+    try { return JSON.parse(localStorage.getItem(COLUMNS_KEY) || "null"); } catch (e) { return null; }
+  }
+  function tableColumns(runs) {
+    const params = userFirst(state.differ), metrics = metricNames(runs);
+    const chosen = chosenColumns();
+    if (!chosen) return { params: params.slice(0, MAX_PARAM_COLUMNS), metrics: metrics.slice(0, MAX_METRIC_COLUMNS), all: { params, metrics } };
+    return { params: params.filter((p) => chosen.params.includes(p)), metrics: metrics.filter((m) => chosen.metrics.includes(m)), all: { params, metrics } };
+  }
+  let chooserKey = "";
+  function renderChooser(cols) {
+    const key = JSON.stringify([cols.all, cols.params, cols.metrics]);
+    if (key === chooserKey) return;  // unchanged: an open chooser keeps its focus
+    chooserKey = key;
+    const item = (kind, name, on) => {
+      const box = el("input", { type: "checkbox", "data-kind": kind, "data-name": name });
+      box.checked = on;
+      box.addEventListener("change", () => {
+        const chosen = { params: [], metrics: [] };
+        for (const b of $("columns-list").querySelectorAll("input[data-kind]")) if (b.checked) chosen[b.dataset.kind].push(b.dataset.name);
+        localStorage.setItem(COLUMNS_KEY, JSON.stringify(chosen));
+        renderTable();
+      });
+      return el("label", { class: `col-item ${kind}` }, box, name);
+    };
+    $("columns-list").replaceChildren(
+      el("div", { class: "col-head", text: "params that differ" }),
+      ...cols.all.params.map((p) => item("params", p, cols.params.includes(p))),
+      el("div", { class: "col-head", text: "metrics (last value)" }),
+      ...cols.all.metrics.map((m) => item("metrics", m, cols.metrics.includes(m))),
+      el("button", { type: "button", class: "mini", text: "default columns", onclick: () => { localStorage.removeItem(COLUMNS_KEY); renderTable(); } }));
   }
 
   function sortArrow(key) {
@@ -339,8 +376,9 @@
 
   function renderTable() {
     const runs = shownRuns();
-    const params = userFirst(state.differ).slice(0, MAX_PARAM_COLUMNS);
-    const metrics = metricColumns(runs);
+    const cols = tableColumns(runs);
+    const { params, metrics } = cols;
+    renderChooser(cols);
     const layout = JSON.stringify([params, metrics, state.sort]);
     const head = $("runs-head");
     const body = $("runs-body");
