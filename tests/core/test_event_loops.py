@@ -450,7 +450,9 @@ assert [p.step for p in (await run.ametrics())["x"]] == list(range(100))''',
     run.log_metric("x", float(i), step=i)''',
 ]
 nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in cells])
-km = KernelManager(kernel_name="python3")
+# IPC, not TCP: a TCP kernel picks free ports and binds them later, which other processes of
+# a busy machine can take first (zmq: "Address already in use"). IPC sockets are files here.
+km = KernelManager(kernel_name="python3", transport="ipc")
 km.start_kernel()  # the kernel's stderr is ours: the test reads it
 kernel = km.provisioner.process
 try:
