@@ -235,6 +235,7 @@ def test_init_honours_the_torchx_environment_and_arguments_win(
 PLOT_NOTEBOOK = """
 import json, sys
 import nbformat
+from jupyter_client.manager import KernelManager
 from nbclient import NotebookClient
 
 repo, store = sys.argv[1], sys.argv[2]
@@ -248,7 +249,10 @@ with async_tracker.init("nb", dir={store!r}, quiet=True) as run:
     "run.plot()",
 ]
 nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in cells])
-NotebookClient(nb, timeout=120, kernel_name="python3").execute()
+# IPC sockets, not TCP ports that another process of a busy machine can take between the
+# kernel manager's choice and the kernel's bind.
+km = KernelManager(kernel_name="python3", transport="ipc")
+NotebookClient(nb, timeout=120, km=km).execute()
 outputs = nb.cells[1].outputs
 print(json.dumps([o.get("output_type") for o in outputs]))
 print(json.dumps(sorted(outputs[0].get("data", {})) if outputs else []))
