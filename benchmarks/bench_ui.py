@@ -255,6 +255,23 @@ def bench_live(root: Path, runs: int, rounds: int) -> None:
     print(f"one refresh, the server process (HTTP, JSON) {served * 1e3:7.1f} ms CPU")
 
 
+def start_ui(root: Path) -> tuple[subprocess.Popen[str], str]:
+    """``async-tracker ui`` on ``root`` (a free port, no preload), and its URL."""
+    server = subprocess.Popen(
+        [sys.executable, "-m", "async_tracker", "ui", "--store", str(root), "--port", "0",
+         "--preload", "0"],
+        stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    assert server.stdout is not None
+    return server, server.stdout.readline().strip()
+
+
+def process_cpu(pid: int) -> float:
+    """A process's CPU seconds so far (user + system, from /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def server_cpu_per_refresh(
     root: Path, selected: list[str], rounds: int, log_some: Callable[[int], None]
 ) -> float:
@@ -264,14 +281,8 @@ def server_cpu_per_refresh(
     import urllib.parse
     import urllib.request
 
-    server = subprocess.Popen(
-        [sys.executable, "-m", "async_tracker", "ui", "--store", str(root), "--port", "0",
-         "--preload", "0"],
-        stdout=subprocess.PIPE, text=True,
-    )  # fmt: skip
+    server, url = start_ui(root)
     try:
-        assert server.stdout is not None
-        url = server.stdout.readline().strip()
         series = url + "api/series?" + urllib.parse.urlencode(
             [("run", r) for r in selected] + [("width", "1200")]
         )  # fmt: skip
@@ -282,11 +293,8 @@ def server_cpu_per_refresh(
 
         cursor = get(url + "api/runs")["version"]
         get(series)
-        ticks = os.sysconf("SC_CLK_TCK")
-
         def cpu() -> float:
-            fields = Path(f"/proc/{server.pid}/stat").read_text().rsplit(")", 1)[1].split()
-            return (int(fields[11]) + int(fields[12])) / ticks  # utime + stime
+            return process_cpu(server.pid)
 
         spent = 0.0
         for r in range(rounds):
@@ -350,14 +358,8 @@ def bench_table(root: Path, runs: int, idle_s: float) -> None:
 
     driver.set_script_timeout(120)
     started = time.perf_counter()
-    server = subprocess.Popen(
-        [sys.executable, "-m", "async_tracker", "ui", "--store", str(root), "--port", "0",
-         "--preload", "0"],
-        stdout=subprocess.PIPE, text=True,
-    )  # fmt: skip
+    server, url = start_ui(root)
     try:
-        assert server.stdout is not None
-        url = server.stdout.readline().strip()
         shown = []
         for i in range(3):  # the first (from the server's start), then with the list read
             driver.get("about:blank")
@@ -373,11 +375,8 @@ def bench_table(root: Path, runs: int, idle_s: float) -> None:
         # lr is 1e-1 .. 1e-5 by run (i % 5): a fifth of the runs have lr < 5e-5.
         keystroke = [float(driver.execute_async_script(FILTER_AND_WAIT, text, str(want)))
                      for text, want in (("lr<5e-5", runs // 5), ("", runs)) * 2]  # fmt: skip
-        ticks = os.sysconf("SC_CLK_TCK")
-
         def cpu() -> float:
-            fields = Path(f"/proc/{server.pid}/stat").read_text().rsplit(")", 1)[1].split()
-            return (int(fields[11]) + int(fields[12])) / ticks
+            return process_cpu(server.pid)
 
         time.sleep(2)
         before, t = cpu(), time.perf_counter()
